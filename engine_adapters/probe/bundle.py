@@ -1,0 +1,275 @@
+"""Bundle writer: one new folder per capture, written under a temp name then renamed.
+
+Layout (see ``snapshots/README.md``)::
+
+    <root>/<UTC time>_<engine>_<mode>_<N>steps[_<label>]/
+        trace.json.gz   Chrome trace (opens in Perfetto / chrome://tracing)
+        meta.json       engine info, capture settings and results, test contract
+        ops.txt         operator table (full mode: grouped by input shape)
+        steps.jsonl     the window's step records, with context before and after
+
+Nothing is ever overwritten.  A failure keeps its error in ``meta.json`` of a bundle
+that holds whatever was written before the failure; when even that cannot be written
+(read-only or full disk), the capture fails with the reason.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from engine_adapters.probe.capture import CaptureJob, sanitize_label
+from engine_adapters.probe.contract import build_contract
+from engine_adapters.records import CaptureDone, CaptureFailed, to_builtins
+
+if TYPE_CHECKING:
+    from engine_adapters.probe.core import Probe
+
+log = logging.getLogger("rltperf.probe.bundle")
+
+BUNDLE_FORMAT = 1
+"""Version of the bundle layout, in ``meta.json``."""
+CONTEXT_STEPS = 32
+"""Step records kept in ``steps.jsonl`` before the window."""
+TOP_OPS_ROWS = 60
+
+
+def _os_error_text(exc: OSError, what: str) -> str:
+    if exc.errno == errno.ENOSPC:
+        return f"disk full while writing {what} ({exc.filename or ''}): free space or capture fewer steps"
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"cannot write {what}: {exc.strerror} ({exc.filename or ''}); choose a writable snapshot root"
+    return f"cannot write {what}: {exc}"
+
+
+def bundle_name(engine: str, mode: str, steps: int, label: str, when: float | None = None) -> str:
+    """``<UTC time>_<engine>_<mode>_<N>steps[_<label>]``, safe for a folder name."""
+    ts = datetime.fromtimestamp(when or time.time(), tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    name = f"{ts}_{sanitize_label(engine) or 'engine'}_{mode}_{steps}steps"
+    return f"{name}_{label}" if label else name
+
+
+def _rename_unique(tmp: str, final: str) -> str:
+    """Rename ``tmp`` to ``final`` or ``final-2``, ``-3``...; never replaces a bundle."""
+    candidate = final
+    for i in range(2, 1000):
+        if not os.path.exists(candidate):
+            try:
+                os.rename(tmp, candidate)
+                return candidate
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+        candidate = f"{final}-{i}"
+    raise OSError(errno.EEXIST, "no free bundle name", final)
+
+
+def _count_trace(path: str) -> tuple[int, int]:
+    """(events, ProfilerStep spans) of an uncompressed Chrome trace."""
+    with open(path, "rb") as f:
+        data = json.load(f)
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    steps = sum(
+        1
+        for e in events
+        if isinstance(e, dict) and e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+    )
+    return len(events), steps
+
+
+def _ops_table(job: CaptureJob) -> str:
+    """Operator table.  Built *before* the Chrome export: on torch 2.13, key_averages()
+    after export_chrome_trace() with profile_memory+with_stack raised UnicodeDecodeError."""
+    import torch
+
+    sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    ka = job.prof.key_averages(group_by_input_shape=job.full)
+    header = (
+        f"# rltperf capture {job.capture_id}: {job.mode} mode, {job.steps} steps "
+        f"(profiled timings: not a baseline)\n"
+        f"# sorted by {sort}; {'grouped by input shape' if job.full else 'no shapes recorded'}\n\n"
+    )
+    return header + ka.table(sort_by=sort, row_limit=TOP_OPS_ROWS, max_name_column_width=60)
+
+
+def write_bundle(probe: Probe, job: CaptureJob, post: Callable[[Any], None]) -> str | None:
+    """Export ``job`` (whose profiler has stopped) into a new bundle; post the result."""
+    t0 = time.perf_counter()
+    root = probe.snapshot_root
+    info = probe.engine_info
+    final = os.path.join(root, bundle_name(info.name, job.mode, job.steps, job.label))
+    tmp = os.path.join(root, f".tmp-{job.capture_id}-{os.getpid()}")
+    try:
+        os.makedirs(root, exist_ok=True)
+        os.mkdir(tmp)
+    except OSError as exc:
+        reason = _os_error_text(exc, f"the bundle under snapshot root {root}")
+        job.error = reason
+        job.state = "failed"
+        post(CaptureFailed(capture_id=job.capture_id, reason=reason))
+        return None
+
+    trace_bytes = 0
+    events = 0
+    steps_found = 0
+    files: dict[str, str] = {}
+    try:
+        try:
+            table = _ops_table(job)
+        except Exception as exc:
+            table = f"# operator table could not be built: {type(exc).__name__}: {exc}\n"
+        with open(os.path.join(tmp, "ops.txt"), "w", encoding="utf-8") as f:
+            f.write(table)
+        files["ops.txt"] = "operator table"
+        raw = os.path.join(tmp, "trace.json")
+        job.prof.export_chrome_trace(raw)
+        events, steps_found = _count_trace(raw)
+        with open(raw, "rb") as src, gzip.open(os.path.join(tmp, "trace.json.gz"), "wb", compresslevel=3) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.unlink(raw)
+        trace_bytes = os.path.getsize(os.path.join(tmp, "trace.json.gz"))
+        files["trace.json.gz"] = "Chrome trace (Perfetto)"
+    except OSError as exc:
+        job.error = _os_error_text(exc, "the trace")
+    except Exception as exc:
+        job.error = f"trace export failed: {type(exc).__name__}: {exc}"
+    raw = os.path.join(tmp, "trace.json")
+    if os.path.exists(raw):  # a failed export leaves a partial file: keep nothing half-done
+        try:
+            os.unlink(raw)
+        except OSError:
+            pass
+
+    export_s = time.perf_counter() - t0
+    if not job.error and steps_found != job.steps:
+        job.error = f"the trace holds {steps_found} ProfilerStep spans, {job.steps} were requested"
+    try:
+        steps = _window_steps(probe, job)
+        with open(os.path.join(tmp, "steps.jsonl"), "w", encoding="utf-8") as f:
+            for rec, tag in steps:
+                d = to_builtins(rec)
+                d["window"] = tag
+                f.write(json.dumps(d) + "\n")
+        files["steps.jsonl"] = "step records of the window with context"
+    except OSError as exc:
+        job.error = job.error or _os_error_text(exc, "steps.jsonl")
+
+    meta = _meta(probe, job, steps_found, trace_bytes, events, export_s, files)
+    try:
+        with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2, default=str)
+            f.write("\n")
+        path = _rename_unique(tmp, final)
+    except OSError as exc:
+        reason = job.error or _os_error_text(exc, "meta.json")
+        shutil.rmtree(tmp, ignore_errors=True)
+        job.state = "failed"
+        post(CaptureFailed(capture_id=job.capture_id, reason=reason))
+        return None
+
+    if job.error:
+        job.state = "failed"
+        post(CaptureFailed(capture_id=job.capture_id, reason=job.error, bundle=path))
+    else:
+        job.state = "saved"
+        post(
+            CaptureDone(
+                capture_id=job.capture_id,
+                bundle=path,
+                steps_requested=job.steps,
+                steps_captured=steps_found,
+                trace_bytes=trace_bytes,
+                events=events,
+                export_s=round(export_s, 4),
+                mode=job.mode,
+            )
+        )
+    log.info("capture %s -> %s (%s)", job.capture_id, path, job.error or "ok")
+    return path
+
+
+def _window_steps(probe: Probe, job: CaptureJob) -> list[tuple[Any, str]]:
+    """Step records from the publisher's history: context, warm-up, window, after."""
+    last = job.step_ids[-1] if job.step_ids else -1
+    pub = probe._publisher
+    deadline = time.monotonic() + 2.0
+    while pub.last_step_id < last and time.monotonic() < deadline:
+        time.sleep(0.01)
+    first = job.warmup_step if job.warmup_step is not None else (job.step_ids[0] if job.step_ids else 0)
+    window = set(job.step_ids)
+    out: list[tuple[Any, str]] = []
+    for rec in pub.recent_steps():
+        sid = rec.step_id
+        if sid < first - CONTEXT_STEPS:
+            continue
+        if sid in window:
+            tag = "captured"
+        elif sid == job.warmup_step:
+            tag = "profiler_warmup"
+        elif sid < first:
+            tag = "before"
+        else:
+            tag = "after"
+        out.append((rec, tag))
+    return out
+
+
+def _meta(
+    probe: Probe,
+    job: CaptureJob,
+    steps_found: int,
+    trace_bytes: int,
+    events: int,
+    export_s: float,
+    files: dict[str, str],
+) -> dict[str, Any]:
+    import torch
+
+    from engine_adapters import __version__
+    from engine_adapters.records import SCHEMA_VERSION
+
+    info = probe.engine_info
+    acts = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    return {
+        "bundle_format": BUNDLE_FORMAT,
+        "rltperf_version": __version__,
+        "schema": SCHEMA_VERSION,
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "profiled": True,
+        "note": "Timings in this bundle were taken with the profiler on: they are not a baseline.",
+        "engine": to_builtins(info),
+        "stage_names": probe.stage_names,
+        "capture": {
+            "capture_id": job.capture_id,
+            "label": job.label or None,
+            "mode": job.mode,
+            "steps_requested": job.steps,
+            "steps_captured": steps_found,
+            "step_ids": list(job.step_ids),
+            "profiler_warmup_step": job.warmup_step,
+            "record_shapes": job.full,
+            "profile_memory": job.full,
+            "with_stack": job.full,
+            "activities": acts,
+            "device_trace": "cuda" in acts,
+            "cold": job.cold,
+            "export_s": round(export_s, 4),
+            "trace_bytes": trace_bytes,
+            "events": events,
+            "error": job.error,
+            "requested_ns": job.requested_ns,
+            "window_start_ns": job.started_ns,
+            "window_end_ns": job.window_end_ns,
+        },
+        "live_at_trigger": job.live_at_trigger,
+        "contract": build_contract(info),
+        "files": files,
+    }

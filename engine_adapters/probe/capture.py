@@ -1,0 +1,365 @@
+"""Bounded profiler captures inside the engine process.
+
+A ``Capture`` request (from any subscriber) arms the controller.  At the next step
+boundary the engine thread starts ``torch.profiler`` with a schedule of one warm-up step
+and ``N`` active steps (``wait=0, warmup=1, active=N, repeat=1``): the trace then holds
+exactly one ``ProfilerStep#k`` span per captured step (without a schedule, torch 2.13's
+``prof.step()`` writes no such spans).  After the N-th step the profiler stops and the
+export (operator table, Chrome trace, bundle) runs in its own thread; the steps that
+overlap it are flagged ``FLAG_EXPORTING`` by the publisher.
+
+Modes: ``ops`` = CPU (+ CUDA) activities, no shapes, memory or stacks; ``full`` =
+``record_shapes``, ``profile_memory`` and ``with_stack`` all on.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from time import perf_counter_ns as _clk
+from typing import TYPE_CHECKING, Any
+
+from engine_adapters.records import (
+    FLAG_PROFILED,
+    FLAG_PROFILER_WARMUP,
+    Capture,
+    CaptureExporting,
+    CaptureFailed,
+    CaptureProgress,
+    CaptureStarted,
+    Refused,
+)
+
+if TYPE_CHECKING:
+    from engine_adapters.probe.core import Probe, StepSlot
+
+log = logging.getLogger("rltperf.probe.capture")
+
+MAX_CAPTURE_STEPS = 1024
+"""Largest window accepted: captures are meant to be small (the seeds' discipline)."""
+ARM_TIMEOUT_S = 60.0
+"""An armed capture whose engine runs no step for this long fails."""
+MODES = ("ops", "full")
+
+
+def sanitize_label(label: str | None) -> str:
+    """A label safe for a folder name: letters, digits, ``.``, ``_``, ``-``; at most 40."""
+    if not label:
+        return ""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-.")[:40]
+
+
+@dataclass
+class CaptureJob:
+    """State of one capture, shared by the publisher, engine and export threads."""
+
+    capture_id: str
+    steps: int
+    mode: str
+    label: str
+    requested_ns: int
+    state: str = "armed"  # armed -> warmup -> capturing -> exporting -> saved | failed
+    cold: bool = False
+    prof: Any = None
+    warmup_step: int | None = None
+    first_step: int | None = None
+    step_ids: list[int] = field(default_factory=list)
+    slot_ids: list[int] = field(default_factory=list)
+    started_ns: int | None = None
+    window_end_ns: int | None = None
+    export_start_ns: int | None = None
+    export_end_ns: int | None = None
+    error: str | None = None
+    live_at_trigger: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def full(self) -> bool:
+        """Full mode: shapes, memory and stacks recorded."""
+        return self.mode == "full"
+
+
+class CaptureController:
+    """Arms, runs and hands off captures; one at a time."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+        self.job: CaptureJob | None = None
+        self.warmed = False
+        self.warm_s: float | None = None
+        self._lock = threading.Lock()
+        self._range: Any = None  # open record_function of the current stage
+        self._step_range: Any = None
+        self._export_thread: threading.Thread | None = None
+        self.export_windows: list[tuple[int, int | None]] = []  # recent (start, end) of exports
+        self.torch_error: str | None = None
+        try:
+            import torch.profiler  # noqa: F401
+        except Exception as exc:  # the probe still times steps without torch
+            self.torch_error = f"torch.profiler is not available: {exc}"
+
+    # -- profiler set-up -----------------------------------------------------------------
+
+    def _activities(self) -> list[Any]:
+        import torch
+        from torch.profiler import ProfilerActivity
+
+        acts = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            acts.append(ProfilerActivity.CUDA)
+        return acts
+
+    def warm(self) -> None:
+        """Pay the profiler's first-use initialisation (~1-2 s on a small CPU) now."""
+        if self.torch_error or self.warmed:
+            return
+        import torch.profiler
+
+        t0 = time.perf_counter()
+        with torch.profiler.profile(activities=self._activities()):
+            pass
+        self.warm_s = time.perf_counter() - t0
+        self.warmed = True
+        log.info("profiler warmed in %.2f s", self.warm_s)
+
+    # -- requests (publisher thread) -----------------------------------------------------
+
+    def request(self, cap: Capture, live: dict[str, Any]) -> Refused | None:
+        """Arm a capture; returns a ``Refused`` to send back when it cannot be armed."""
+        if self.torch_error:
+            return Refused(reason=self.torch_error, capture_id=cap.capture_id)
+        if cap.mode not in MODES:
+            return Refused(reason=f"unknown capture mode {cap.mode!r}: use 'ops' or 'full'", capture_id=cap.capture_id)
+        if not 1 <= cap.steps <= MAX_CAPTURE_STEPS:
+            return Refused(
+                reason=f"capture length {cap.steps} out of range: 1 to {MAX_CAPTURE_STEPS} steps",
+                capture_id=cap.capture_id,
+            )
+        if self.probe.closed:
+            return Refused(reason="the engine is shutting down", capture_id=cap.capture_id)
+        with self._lock:
+            job = self.job
+            if job is not None:
+                return Refused(
+                    reason=f"a capture is already running ({job.capture_id}: {job.state}); one at a time",
+                    capture_id=cap.capture_id,
+                )
+            self.job = CaptureJob(
+                capture_id=cap.capture_id,
+                steps=cap.steps,
+                mode=cap.mode,
+                label=sanitize_label(cap.label),
+                requested_ns=_clk(),
+                cold=not self.warmed,
+                live_at_trigger=live,
+            )
+            self.probe._armed = True
+        log.info("capture %s armed: %d steps, %s", cap.capture_id, cap.steps, cap.mode)
+        return None
+
+    def check_timeout(self) -> None:
+        """Fail an armed capture whose engine has not stepped for ``ARM_TIMEOUT_S``."""
+        job = self.job
+        if job is None or job.state != "armed":
+            return
+        if (_clk() - job.requested_ns) / 1e9 > ARM_TIMEOUT_S:
+            with self._lock:
+                if self.job is job and job.state == "armed":
+                    self.probe._armed = False
+                    self.job = None
+                    job.state = "failed"
+            if job.state == "failed":
+                self._post(
+                    CaptureFailed(
+                        capture_id=job.capture_id,
+                        reason=f"the engine ran no step within {ARM_TIMEOUT_S:.0f} s of the request (idle engine?)",
+                    )
+                )
+
+    # -- engine thread -------------------------------------------------------------------
+
+    def begin_step(self, kind: str, batch: int, tokens: int) -> StepSlot:
+        """``Probe.step()`` while a capture is armed or running."""
+        job = self.job
+        probe = self.probe
+        if job is None:  # disarmed meanwhile
+            probe._armed = False
+            return probe.step(kind, batch, tokens)
+        if job.state == "armed":
+            try:
+                self._start_profiler(job)
+            except Exception as exc:
+                self._fail(job, f"the profiler failed to start: {type(exc).__name__}: {exc}")
+                return probe.step(kind, batch, tokens)
+            flags = FLAG_PROFILED | FLAG_PROFILER_WARMUP
+        else:
+            flags = FLAG_PROFILED
+        slot = probe._slot_for_capture(kind, batch, tokens, flags)
+        job.slot_ids.append(slot.step_id)
+        if job.state == "warmup":
+            job.warmup_step = slot.step_id
+        try:
+            from torch.autograd.profiler import record_function
+
+            self._step_range = record_function(f"rltperf.step#{slot.step_id} {kind}")
+            self._step_range.__enter__()
+        except Exception:
+            self._step_range = None
+        return slot
+
+    def _start_profiler(self, job: CaptureJob) -> None:
+        from torch.profiler import profile, schedule
+
+        prof = profile(
+            activities=self._activities(),
+            schedule=schedule(wait=0, warmup=1, active=job.steps, repeat=1),
+            record_shapes=job.full,
+            profile_memory=job.full,
+            with_stack=job.full,
+            on_trace_ready=lambda p: None,  # exported by our own thread, not on the step loop
+        )
+        prof.start()
+        job.prof = prof
+        job.state = "warmup"
+        job.started_ns = _clk()
+
+    def range_mark(self, name: str) -> None:
+        """Open a ``stage:<name>`` profiler range (closing the previous one)."""
+        self.range_close()
+        try:
+            from torch.autograd.profiler import record_function
+
+            rf = record_function(f"stage:{name}")
+            rf.__enter__()
+            self._range = rf
+        except Exception:
+            self._range = None
+
+    def range_close(self) -> None:
+        """Close the open stage range, if any."""
+        rf = self._range
+        if rf is not None:
+            self._range = None
+            try:
+                rf.__exit__(None, None, None)
+            except Exception:
+                pass
+
+    def after_step(self, slot: StepSlot) -> None:
+        """End of a step inside the capture: step the profiler, post progress."""
+        job = self.job
+        if job is None or job.prof is None:
+            return
+        rf = self._step_range
+        if rf is not None:
+            self._step_range = None
+            try:
+                rf.__exit__(None, None, None)
+            except Exception:
+                pass
+        try:
+            job.prof.step()
+        except Exception as exc:
+            self._finish_window(job)
+            self._fail(job, f"the profiler failed during the window: {type(exc).__name__}: {exc}")
+            return
+        if job.state == "warmup":
+            job.state = "capturing"
+            job.first_step = slot.step_id + 1
+            self._post(
+                CaptureStarted(
+                    capture_id=job.capture_id,
+                    first_step=job.first_step,
+                    steps=job.steps,
+                    mode=job.mode,
+                    cold=job.cold,
+                )
+            )
+            return
+        job.step_ids.append(slot.step_id)
+        done = len(job.step_ids)
+        if done < job.steps:
+            self._post(CaptureProgress(capture_id=job.capture_id, steps_done=done, steps=job.steps))
+            return
+        self._finish_window(job)
+        job.window_end_ns = _clk()
+        job.state = "exporting"
+        job.export_start_ns = job.window_end_ns
+        self.export_windows.append((job.export_start_ns, None))
+        del self.export_windows[:-8]
+        self._post(CaptureProgress(capture_id=job.capture_id, steps_done=done, steps=job.steps))
+        self._post(CaptureExporting(capture_id=job.capture_id, since_ns=job.export_start_ns))
+        t = threading.Thread(target=self._export, args=(job,), name="rltperf-export", daemon=True)
+        self._export_thread = t
+        t.start()
+
+    def _finish_window(self, job: CaptureJob) -> None:
+        """Stop the profiler (engine thread) and give the slots their normal class back."""
+        probe = self.probe
+        probe._armed = False
+        self.range_close()
+        try:
+            job.prof.stop()
+        except Exception as exc:  # already stopped by the schedule, or broken
+            log.debug("profiler stop: %s", exc)
+        for sid in job.slot_ids:
+            probe._release_capture_slot(sid)
+
+    # -- export thread -------------------------------------------------------------------
+
+    def _export(self, job: CaptureJob) -> None:
+        from engine_adapters.probe.bundle import write_bundle
+
+        try:
+            write_bundle(self.probe, job, self._post)
+        except Exception as exc:  # write_bundle reports its own errors; this is a bug guard
+            log.exception("capture export crashed")
+            job.error = job.error or f"export crashed: {type(exc).__name__}: {exc}"
+            self._post(CaptureFailed(capture_id=job.capture_id, reason=job.error))
+        finally:
+            job.export_end_ns = _clk()
+            self.export_windows[:] = [
+                (s, job.export_end_ns if s == job.export_start_ns else e) for s, e in self.export_windows
+            ]
+            job.prof = None
+            with self._lock:
+                if self.job is job:
+                    self.job = None
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _fail(self, job: CaptureJob, reason: str) -> None:
+        log.warning("capture %s failed: %s", job.capture_id, reason)
+        job.state = "failed"
+        job.error = reason
+        with self._lock:
+            if self.job is job:
+                self.job = None
+                self.probe._armed = False
+        self._post(CaptureFailed(capture_id=job.capture_id, reason=reason))
+
+    def _post(self, rec: Any) -> None:
+        pub = getattr(self.probe, "_publisher", None)
+        if pub is not None:
+            pub.post_control(rec)
+
+    def exporting_overlap(self, start_ns: int, end_ns: int) -> bool:
+        """True when [start, end] overlaps an export (for ``FLAG_EXPORTING``)."""
+        for s, e in self.export_windows:
+            if end_ns >= s and (e is None or start_ns <= e):
+                return True
+        return False
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Engine stopping: end a window in progress, wait for a running export."""
+        job = self.job
+        if job is not None and job.state in ("warmup", "capturing"):
+            self._finish_window(job)
+            self._fail(job, f"the engine stopped after {len(job.step_ids)} of {job.steps} steps")
+        elif job is not None and job.state == "armed":
+            self._fail(job, "the engine stopped before the capture started")
+        t = self._export_thread
+        if t is not None and t.is_alive():
+            t.join(timeout)

@@ -1,0 +1,200 @@
+"""The reproducible test contract written into every bundle's ``meta.json``.
+
+The field list is the seed's §2 ("Fix a reproducible test contract"): every field is
+present in every bundle, with a value or the string ``"unknown: <why>"``.  What the probe
+can find by itself (git state of the engine's working directory, Python/torch/CUDA and
+driver versions, CPU and GPUs) it fills in; the rest comes from ``EngineInfo``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import socket
+import subprocess
+from functools import lru_cache
+from typing import Any
+
+from engine_adapters.records import EngineInfo
+
+CONTRACT_FIELDS: tuple[str, ...] = (
+    "commit",
+    "diff_sha256",
+    "model",
+    "tokenizer",
+    "dtype",
+    "quantization",
+    "devices",
+    "interconnect",
+    "device_mapping",
+    "driver",
+    "runtime",
+    "framework",
+    "attention_backend",
+    "kv_capacity",
+    "max_requests",
+    "token_budget",
+    "chunked_prefill",
+    "prefix_caching",
+    "async_scheduling",
+    "cuda_graphs",
+    "loop_config",
+    "exit_config",
+    "spec_config",
+    "sampling",
+    "dataset",
+    "prompt_template",
+    "output_length_policy",
+    "seeds",
+    "concurrency",
+    "arrival_model",
+    "total_requests_or_duration",
+    "warmup",
+    "repetitions",
+    "timeouts",
+    "failure_handling",
+    "random_weights",
+)
+"""Every field of the test contract, in the seed's order."""
+
+UNKNOWN_PREFIX = "unknown: "
+
+
+def unknown(why: str) -> str:
+    """The value of a contract field nobody could fill, with the reason."""
+    return UNKNOWN_PREFIX + why
+
+
+def is_unknown(value: Any) -> bool:
+    """True for a value made by ``unknown()``."""
+    return isinstance(value, str) and value.startswith(UNKNOWN_PREFIX)
+
+
+def _run(cmd: list[str], cwd: str) -> str | None:
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.decode("utf-8", "replace")
+
+
+@lru_cache(maxsize=8)
+def git_state(cwd: str) -> dict[str, str]:
+    """``commit`` and ``diff_sha256`` of the git checkout holding ``cwd``."""
+    head = _run(["git", "rev-parse", "HEAD"], cwd)
+    if head is None:
+        why = "not a git checkout" if _run(["git", "--version"], cwd) else "git not installed"
+        return {"commit": unknown(f"{why} ({cwd})"), "diff_sha256": unknown(why)}
+    diff = _run(["git", "diff", "HEAD", "--binary"], cwd) or ""
+    untracked = _run(["git", "ls-files", "--others", "--exclude-standard"], cwd) or ""
+    h = hashlib.sha256(diff.encode())
+    if untracked.strip():
+        h.update(b"\0untracked\0" + untracked.encode())
+    return {
+        "commit": head.strip(),
+        "diff_sha256": h.hexdigest() if (diff or untracked.strip()) else "clean",
+    }
+
+
+@lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """CPU model name and logical core count."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{name} ({os.cpu_count()} logical cores)"
+
+
+@lru_cache(maxsize=1)
+def environment() -> dict[str, Any]:
+    """Facts the probe finds itself: versions, devices, driver (cached; ~50 ms)."""
+    env: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+    }
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["cuda_runtime"] = torch.version.cuda
+        if torch.cuda.is_available():
+            env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception as exc:  # torch missing or broken: say so, don't fail
+        env["torch"] = None
+        env["torch_error"] = str(exc)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            drv = pynvml.nvmlSystemGetDriverVersion()
+            env["driver"] = drv.decode() if isinstance(drv, bytes) else str(drv)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:
+        env["driver"] = None
+        env["driver_error"] = type(exc).__name__
+    return env
+
+
+def build_contract(info: EngineInfo, cwd: str | None = None) -> dict[str, Any]:
+    """Every contract field for a bundle: discovered, from ``info``, or ``unknown: why``."""
+    env = environment()
+    c: dict[str, Any] = {}
+    c.update(git_state(os.path.abspath(cwd or os.getcwd())))
+    c["model"] = info.model
+    c["dtype"] = info.dtype
+    c["quantization"] = info.quantization
+    gpus = env.get("gpus")
+    c["devices"] = ", ".join(gpus) if gpus else f"CPU: {env['cpu']}"
+    c["driver"] = (
+        f"NVIDIA {env['driver']}"
+        if env.get("driver")
+        else unknown("no NVIDIA driver on this host (CPU run)")
+    )
+    c["runtime"] = (
+        f"CUDA {env['cuda_runtime']}" if env.get("cuda_runtime") else f"CPU (torch {env.get('torch')})"
+    )
+    c["framework"] = f"torch {env.get('torch')}, Python {env['python']}"
+    if not gpus:
+        c["interconnect"] = "none (single CPU device)"
+        c["device_mapping"] = f"single process on {info.device or 'cpu'}"
+    c["loop_config"] = info.loop_config
+    exit_cfg = info.exit_config
+    if exit_cfg and info.kv_policy:
+        exit_cfg = f"{exit_cfg}; kv_policy={info.kv_policy}"
+    c["exit_config"] = exit_cfg
+    c["spec_config"] = info.spec_config if info.spec_config is not None else None
+    if info.kv_capacity_blocks is not None:
+        per = f" x {info.kv_block_tokens} tokens" if info.kv_block_tokens else ""
+        c["kv_capacity"] = f"{info.kv_capacity_blocks} blocks{per}"
+    c["max_requests"] = info.max_requests
+    c["token_budget"] = info.token_budget
+    c["random_weights"] = info.random_weights
+    if info.workload:
+        c.setdefault("dataset", info.workload)
+    # The engine's own contract entries win over what the probe guessed.
+    for k, v in info.contract.items():
+        if v is not None:
+            c[k] = v
+    out: dict[str, Any] = {}
+    for field in CONTRACT_FIELDS:
+        v = c.get(field)
+        out[field] = v if v is not None and v != "" else unknown("the engine did not report it")
+    # Keep any extra fields the engine gave (e.g. workload hashes) after the standard ones.
+    for k, v in c.items():
+        if k not in out and v is not None:
+            out[k] = v
+    out["profiled"] = True
+    return out

@@ -1,0 +1,598 @@
+"""The probe's publisher thread: turns ring slots into records and serves subscribers.
+
+One thread, one ``selectors`` loop, non-blocking sockets.  Every ~20 ms it drains the
+step ring (computing stage durations from the boundary marks), the request queue, the
+device samples and the capture replies, encodes each record once, and queues the frames
+to every subscriber.  Each subscriber has two queues: *control* (hello, stats, capture
+replies; never dropped) and *data* (steps, requests, device samples; bounded — when a
+subscriber does not read, its oldest data is dropped and counted, and the count reaches
+it in the next ``Stats``).  Nothing here can block or raise into the engine thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import hmac
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from time import perf_counter_ns as _clk
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from engine_adapters import __version__
+from engine_adapters.records import (
+    FLAG_EXPORTING,
+    SCHEMA_VERSION,
+    Bye,
+    Capture,
+    ClientHello,
+    DeviceSample,
+    Hello,
+    Ping,
+    Record,
+    Refused,
+    StageTable,
+    Stats,
+    StepRecord,
+)
+from engine_adapters.wire import FrameEncoder, FrameError, FrameReader, encode
+
+if TYPE_CHECKING:
+    from engine_adapters.probe.core import Probe, StepSlot
+
+log = logging.getLogger("rltperf.probe")
+
+TICK_S = 0.02
+"""Publisher period: latency from step end to frame sent is at most about this."""
+MAX_CLIENT_FRAME = 64 * 1024
+"""Clients only send small control frames."""
+MAX_SUBSCRIBERS = 64
+HELLO_TIMEOUT_S = 5.0
+STATS_EVERY_S = 1.0
+DATA_QUEUE_RECORDS = 4096
+"""Data records queued per subscriber before the oldest are dropped."""
+DATA_QUEUE_BYTES = 2 * 1024 * 1024
+SNDBUF = 256 * 1024
+"""Kernel send buffer per subscriber: small, so a stalled reader shows as drops soon."""
+HISTORY = 4096
+"""Step records the publisher keeps for bundles' ``steps.jsonl`` and live stats."""
+PENDING_EVENTS_MAX_S = 2.0
+"""A step whose CUDA events have not completed by then is sent with busy unknown."""
+
+_STEP_FIELDS = frozenset(StepRecord.__struct_fields__) - {
+    "step_id",
+    "start_ns",
+    "end_ns",
+    "kind",
+    "stage_ns",
+    "batch",
+    "tokens",
+}
+
+
+class _Subscriber:
+    __slots__ = (
+        "addr",
+        "authed",
+        "closing",
+        "ctrl",
+        "data",
+        "data_bytes",
+        "data_records",
+        "dropped",
+        "hello_deadline",
+        "out",
+        "reader",
+        "sock",
+        "token",
+        "want_write",
+    )
+
+    def __init__(self, sock: socket.socket, addr: str) -> None:
+        self.sock = sock
+        self.addr = addr
+        self.reader = FrameReader(MAX_CLIENT_FRAME)
+        self.authed = False
+        self.closing = False
+        self.ctrl: deque[bytes] = deque()
+        self.data: deque[tuple[bytes, int]] = deque()
+        self.data_bytes = 0
+        self.data_records = 0
+        self.dropped = 0
+        self.out: memoryview | None = None
+        self.hello_deadline = time.monotonic() + HELLO_TIMEOUT_S
+        self.token: str | None = None
+        self.want_write = False
+
+
+class Publisher(threading.Thread):
+    """Serves the probe's records over TCP (see module docstring)."""
+
+    def __init__(self, probe: Probe, host: str, port: int, token: str | None) -> None:
+        super().__init__(name="rltperf-publisher", daemon=True)
+        self.probe = probe
+        self.token = token
+        try:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            self._lsock = socket.create_server((host, port), family=family, backlog=32)
+        except OSError as exc:
+            hint = (
+                " (another engine or probe is there; use --listen HOST:0 for any free port)"
+                if exc.errno == errno.EADDRINUSE
+                else ""
+            )
+            raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}{hint}") from None
+        self._lsock.setblocking(False)
+        h, p = self._lsock.getsockname()[:2]
+        self.address = f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._lsock, selectors.EVENT_READ, None)
+        self._subs: list[_Subscriber] = []
+        self._stop_ev = threading.Event()
+        self._r = 0  # next ring index to read
+        self.ring_dropped = 0
+        self.mark_overflow = 0
+        self.last_step_id = -1
+        self._enc = FrameEncoder()
+        self._ctrl_in: deque[Record] = deque()
+        self._dev_in: deque[DeviceSample] = deque(maxlen=256)
+        self._pending: deque[tuple[StepRecord, list[Any], int]] = deque()
+        self._history: deque[StepRecord] = deque(maxlen=HISTORY)
+        self._hist_lock = threading.Lock()
+        self._requests_read = 0
+        self.requests_dropped = 0
+        self._n_stages_sent = len(probe.stage_names)
+        self._last_stats = time.monotonic()
+        self._unknown_fields: set[str] = set()
+        self._hello_cache: bytes | None = None
+        self.last_device_sample: DeviceSample | None = None
+        self._observers: list[Any] = []  # callables(list[Record]) e.g. the Prometheus exporter
+
+    # -- inputs from other threads ---------------------------------------------------------
+
+    def post_control(self, rec: Record) -> None:
+        """Queue a control record (capture replies) for every subscriber (any thread)."""
+        self._ctrl_in.append(rec)
+
+    def post_device_sample(self, rec: DeviceSample) -> None:
+        """Queue a device sample (sampler thread)."""
+        self._dev_in.append(rec)
+
+    def add_observer(self, fn: Any) -> None:
+        """Call ``fn(records)`` in the publisher thread with every batch (e.g. metrics)."""
+        self._observers.append(fn)
+
+    def recent_steps(self) -> list[StepRecord]:
+        """A copy of the recent step history (any thread)."""
+        with self._hist_lock:
+            return list(self._history)
+
+    # -- thread ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            while not self._stop_ev.is_set():
+                try:
+                    events = self._sel.select(TICK_S)
+                except OSError:
+                    events = []
+                for key, mask in events:
+                    sub = key.data
+                    if sub is None:
+                        self._accept()
+                        continue
+                    if mask & selectors.EVENT_READ:
+                        self._read(sub)
+                    if mask & selectors.EVENT_WRITE and sub.sock.fileno() >= 0:
+                        self._flush(sub)
+                self._tick()
+        except Exception:  # never take the engine down; say why and stop publishing
+            log.exception("rltperf publisher crashed; the engine continues without monitoring")
+        finally:
+            self._shutdown_sockets()
+
+    def _tick(self) -> None:
+        recs = self._drain()
+        if recs:
+            blob = self._enc.encode_many(recs)
+            n = len(recs)
+            for sub in self._subs:
+                if sub.authed and not sub.closing:
+                    self._queue_data(sub, blob, n)
+            for fn in self._observers:
+                try:
+                    fn(recs)
+                except Exception:
+                    log.exception("probe observer failed")
+        while self._ctrl_in:
+            self._broadcast_ctrl(encode(self._ctrl_in.popleft()))
+        names = self.probe.stage_names
+        if len(names) != self._n_stages_sent:
+            self._n_stages_sent = len(names)
+            self._hello_cache = None
+            self._broadcast_ctrl(encode(StageTable(stage_names=names)))
+        now = time.monotonic()
+        if now - self._last_stats >= STATS_EVERY_S:
+            self._last_stats = now
+            for sub in self._subs:
+                if sub.authed:
+                    self._send_stats(sub)
+            self.probe._capture_ctl.check_timeout()
+        for sub in list(self._subs):
+            if not sub.authed and now > sub.hello_deadline:
+                self._close_sub(sub, "no ClientHello within 5 s")
+                continue
+            self._flush(sub)
+
+    # -- ring -> records -----------------------------------------------------------------------
+
+    def _drain(self) -> list[Record]:
+        probe = self.probe
+        out: list[Record] = []
+        w = probe._w
+        r = self._r
+        size = probe._mask + 1
+        if w - r > size - 1:
+            lost = w - r - (size - 1)
+            self.ring_dropped += lost
+            r += lost
+        slots = probe._slots
+        mask = probe._mask
+        ready: list[StepRecord] = []
+        while r < w:
+            sl = slots[r & mask]
+            rec, events = self._to_record(sl, r)
+            if sl.seq != r:
+                self.ring_dropped += 1
+            elif events or self._pending:
+                self._pending.append((rec, events, _clk()))
+            else:
+                ready.append(rec)
+            r += 1
+        self._r = r
+        if self._pending:
+            ready.extend(self._resolve_pending())
+        if ready:
+            with self._hist_lock:
+                self._history.extend(ready)
+            self.last_step_id = ready[-1].step_id
+            out.extend(ready)
+        # requests
+        q = probe._requests
+        while q:
+            out.append(q.popleft())
+            self._requests_read += 1
+        self.requests_dropped = max(0, probe._requests_in - self._requests_read - len(q))
+        while self._dev_in:
+            d = self._dev_in.popleft()
+            self.last_device_sample = d
+            out.append(d)
+        return out
+
+    def _to_record(self, sl: StepSlot, sid: int) -> tuple[StepRecord, list[Any]]:
+        k = sl.k
+        t = sl.t
+        ix = sl.ix
+        end = sl.end
+        start = sl.start
+        n = len(self.probe._stage_names)
+        stage = [0] * n
+        for i in range(k):
+            idx = ix[i]
+            if idx >= 0:
+                nxt = t[i + 1] if i + 1 < k else end
+                if idx < n:
+                    stage[idx] += nxt - t[i]
+        if sl.overflow:
+            self.mark_overflow += sl.overflow
+            sl.overflow = 0
+        flags = sl.flags
+        ctl = self.probe._capture_ctl
+        if ctl.export_windows and ctl.exporting_overlap(start, end):
+            flags |= FLAG_EXPORTING
+        extras = sl.extras
+        fields: dict[str, Any] = {}
+        events: list[Any] = []
+        if extras:
+            for key, val in extras.items():
+                if key in _STEP_FIELDS:
+                    fields[key] = val
+                elif key == "busy_events":
+                    events = list(val or ())
+                elif key not in self._unknown_fields:
+                    self._unknown_fields.add(key)
+                    log.warning("probe: step field %r is not in the schema; ignored", key)
+        if "flags" in fields:
+            flags |= int(fields.pop("flags"))
+        try:
+            rec = StepRecord(
+                step_id=sid,
+                start_ns=start,
+                end_ns=end,
+                kind=sl.kind,
+                stage_ns=stage,
+                batch=sl.batch,
+                tokens=sl.tokens,
+                flags=flags,
+                **fields,
+            )
+        except TypeError as exc:
+            log.warning("probe: bad step facts %s: %s", sorted(fields), exc)
+            rec = StepRecord(
+                step_id=sid, start_ns=start, end_ns=end, kind=sl.kind, stage_ns=stage,
+                batch=sl.batch, tokens=sl.tokens, flags=flags,
+            )  # fmt: skip
+        return rec, events
+
+    def _resolve_pending(self) -> list[StepRecord]:
+        """Release step records in order once their CUDA events have completed."""
+        out: list[StepRecord] = []
+        now = _clk()
+        while self._pending:
+            rec, events, queued = self._pending[0]
+            if events:
+                busy: int | None = 0
+                try:
+                    if not all(e1.query() for _, e1 in events):
+                        if (now - queued) / 1e9 < PENDING_EVENTS_MAX_S:
+                            break
+                        busy = None
+                    else:
+                        busy = int(sum(e0.elapsed_time(e1) for e0, e1 in events) * 1e6)
+                except Exception:
+                    busy = None
+                rec = msgspec.structs.replace(rec, busy_ns=busy)
+            self._pending.popleft()
+            out.append(rec)
+        return out
+
+    # -- sockets -------------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        try:
+            sock, addr = self._lsock.accept()
+        except OSError:
+            return
+        peer = f"{addr[0]}:{addr[1]}"
+        if len(self._subs) >= MAX_SUBSCRIBERS:
+            log.warning("refusing %s: %d subscribers already", peer, MAX_SUBSCRIBERS)
+            try:
+                sock.sendall(encode(Refused(reason=f"too many subscribers ({MAX_SUBSCRIBERS})")))
+            except OSError:
+                pass
+            sock.close()
+            return
+        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        sub = _Subscriber(sock, peer)
+        self._subs.append(sub)
+        self._sel.register(sock, selectors.EVENT_READ, sub)
+
+    def _read(self, sub: _Subscriber) -> None:
+        try:
+            data = sub.sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._close_sub(sub, f"receive failed: {exc}")
+            return
+        if not data:
+            self._close_sub(sub, "client disconnected", level=logging.INFO)
+            return
+        if sub.closing:
+            return
+        try:
+            recs = sub.reader.feed(data)
+        except FrameError as exc:
+            self._close_sub(sub, f"bad frame: {exc}")
+            return
+        for rec in recs:
+            if not self._handle(sub, rec):
+                return
+
+    def _handle(self, sub: _Subscriber, rec: Record) -> bool:
+        if not sub.authed:
+            if not isinstance(rec, ClientHello):
+                self._close_sub(sub, f"expected ClientHello first, got {type(rec).__name__}")
+                return False
+            if rec.schema != SCHEMA_VERSION:
+                self._refuse_and_close(
+                    sub, f"schema {rec.schema} not supported: this probe speaks schema {SCHEMA_VERSION}"
+                )
+                return False
+            if self.token is not None and not _same(rec.token, self.token):
+                self._refuse_and_close(sub, "wrong or missing token (the probe requires --token / RLTPERF_TOKEN)")
+                return False
+            sub.authed = True
+            sub.token = rec.token
+            sub.ctrl.append(self._hello())
+            log.info("subscriber %s attached (%s)", sub.addr, rec.client)
+            return True
+        if isinstance(rec, Capture):
+            if self.token is not None and not _same(rec.token, self.token):
+                sub.ctrl.append(encode(Refused(reason="capture refused: wrong or missing token", capture_id=rec.capture_id)))
+                return True
+            refused = self.probe._capture_ctl.request(rec, self._live_stats())
+            if refused is not None:
+                sub.ctrl.append(encode(refused))
+            return True
+        if isinstance(rec, Ping):
+            self._send_stats(sub)
+            return True
+        self._close_sub(sub, f"unexpected {type(rec).__name__} from a client")
+        return False
+
+    def _hello(self) -> bytes:
+        if self._hello_cache is None:
+            from engine_adapters.ceilings import ceiling_for
+
+            probe = self.probe
+            info = probe.engine_info
+            caps = ["device_samples"]
+            if not probe._capture_ctl.torch_error:
+                caps.append("capture")
+            self._hello_cache = encode(
+                Hello(
+                    schema=SCHEMA_VERSION,
+                    engine=info,
+                    stage_names=probe.stage_names,
+                    probe_version=__version__,
+                    wall_minus_mono_ns=time.time_ns() - _clk(),
+                    ceiling=ceiling_for(info.device, info.dtype),
+                    started_ns=probe.started_ns,
+                    capabilities=caps,
+                )
+            )
+        return self._hello_cache
+
+    def _refuse_and_close(self, sub: _Subscriber, reason: str) -> None:
+        log.warning("refusing %s: %s", sub.addr, reason)
+        sub.ctrl.append(encode(Refused(reason=reason)))
+        sub.closing = True
+        sub.hello_deadline = time.monotonic() + 1.0  # flush the refusal, then close
+        self._flush(sub)
+        if sub.out is None and not sub.ctrl:
+            self._close_sub(sub, reason, level=logging.DEBUG)
+
+    def _send_stats(self, sub: _Subscriber) -> None:
+        sub.ctrl.append(
+            encode(
+                Stats(
+                    ts_ns=_clk(),
+                    steps_total=self.probe._w,
+                    ring_dropped=self.ring_dropped,
+                    sub_dropped=sub.dropped,
+                    subscribers=sum(1 for s in self._subs if s.authed),
+                )
+            )
+        )
+
+    def _broadcast_ctrl(self, frame: bytes) -> None:
+        for sub in self._subs:
+            if sub.authed and not sub.closing:
+                sub.ctrl.append(frame)
+
+    def _queue_data(self, sub: _Subscriber, blob: bytes, n: int) -> None:
+        sub.data.append((blob, n))
+        sub.data_bytes += len(blob)
+        sub.data_records += n
+        while len(sub.data) > 1 and (sub.data_records > DATA_QUEUE_RECORDS or sub.data_bytes > DATA_QUEUE_BYTES):
+            old, c = sub.data.popleft()
+            sub.data_bytes -= len(old)
+            sub.data_records -= c
+            sub.dropped += c
+
+    def _flush(self, sub: _Subscriber) -> None:
+        sock = sub.sock
+        while True:
+            if sub.out is None:
+                if sub.ctrl:
+                    sub.out = memoryview(sub.ctrl.popleft())
+                elif sub.data:
+                    blob, c = sub.data.popleft()
+                    sub.data_bytes -= len(blob)
+                    sub.data_records -= c
+                    sub.out = memoryview(blob)
+                else:
+                    break
+            try:
+                n = sock.send(sub.out)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self._close_sub(sub, f"send failed: {exc}", level=logging.INFO)
+                return
+            out = sub.out[n:]
+            sub.out = out if len(out) else None
+        pending = sub.out is not None
+        if sub.closing and not pending and not sub.ctrl:
+            self._close_sub(sub, "refused", level=logging.DEBUG)
+            return
+        if sub.closing and time.monotonic() > sub.hello_deadline:
+            self._close_sub(sub, "refused (unread)", level=logging.DEBUG)
+            return
+        if pending != sub.want_write:
+            sub.want_write = pending
+            ev = selectors.EVENT_READ | (selectors.EVENT_WRITE if pending else 0)
+            try:
+                self._sel.modify(sock, ev, sub)
+            except (KeyError, ValueError, OSError):
+                pass
+
+    def _close_sub(self, sub: _Subscriber, reason: str, level: int = logging.WARNING) -> None:
+        if sub not in self._subs:
+            return
+        log.log(level, "closing connection from %s: %s", sub.addr, reason)
+        self._subs.remove(sub)
+        try:
+            self._sel.unregister(sub.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        try:
+            sub.sock.close()
+        except OSError:
+            pass
+
+    def _live_stats(self) -> dict[str, Any]:
+        """Figures at the moment a capture is requested (for ``meta.json``)."""
+        hist = self.recent_steps()
+        now = _clk()
+        recent = [r for r in hist if now - r.end_ns < 5_000_000_000]
+        out: dict[str, Any] = {
+            "window_s": 5,
+            "steps": len(recent),
+            "steps_total": self.probe._w,
+            "ring_dropped": self.ring_dropped,
+        }
+        if len(recent) >= 2:
+            ms = sorted((r.end_ns - r.start_ns) / 1e6 for r in recent)
+            out["step_ms_p50"] = round(ms[len(ms) // 2], 4)
+            out["step_ms_p99"] = round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 4)
+            span = (recent[-1].end_ns - recent[0].start_ns) / 1e9
+            out["steps_per_s"] = round(len(recent) / span, 2) if span > 0 else None
+        return out
+
+    # -- shutdown --------------------------------------------------------------------------------
+
+    def close(self, reason: str) -> None:
+        """Send ``Bye`` to every subscriber (best effort, ≤ 0.5 s) and stop the thread."""
+        self._ctrl_in.append(Bye(reason=reason))
+        self._bye_deadline = time.monotonic() + 0.5
+        self._stop_ev.set()
+        if self.is_alive():
+            self.join(2.0)
+        else:
+            self._shutdown_sockets()
+
+    def _shutdown_sockets(self) -> None:
+        # Flush what is left (steps of the last moments and the Bye) for a short while.
+        try:
+            self._tick()
+        except Exception:
+            pass
+        deadline = getattr(self, "_bye_deadline", time.monotonic())
+        while time.monotonic() < deadline and any(s.out is not None or s.ctrl for s in self._subs):
+            for sub in list(self._subs):
+                self._flush(sub)
+            time.sleep(0.01)
+        for sub in list(self._subs):
+            self._close_sub(sub, "probe closed", level=logging.DEBUG)
+        try:
+            self._sel.unregister(self._lsock)
+        except (KeyError, ValueError, OSError):
+            pass
+        self._lsock.close()
+        self._sel.close()
+
+
+def _same(a: str | None, b: str) -> bool:
+    return a is not None and hmac.compare_digest(a.encode(), b.encode())

@@ -1,0 +1,274 @@
+"""Probe client adapter: ``tcp://host:port`` — a live stream from an in-engine probe."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+import time
+from typing import Any, ClassVar
+
+from engine_adapters.base import (
+    Adapter,
+    AdapterConnectionError,
+    AdapterTargetError,
+    Session,
+    new_capture_id,
+)
+from engine_adapters.records import (
+    SCHEMA_VERSION,
+    Bye,
+    Capture,
+    ClientHello,
+    EngineInfo,
+    Hello,
+    Record,
+    Refused,
+    SessionEvent,
+)
+from engine_adapters.wire import FrameError, FrameReader, encode, parse_hostport
+
+CONNECT_TIMEOUT_S = 3.0
+HELLO_TIMEOUT_S = 5.0
+BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 3.0)
+
+
+def _clk() -> int:
+    return time.perf_counter_ns()
+
+
+class ProbeSession(Session):
+    """A subscription to one probe; reconnects by itself when ``reconnect`` is set."""
+
+    def __init__(
+        self, target: str, host: str, port: int, token: str | None, reconnect: bool, client: str
+    ) -> None:
+        self.target = target
+        self.host = host
+        self.port = port
+        self.token = token
+        self.reconnect = reconnect
+        self.client = client
+        self.info: EngineInfo | None = None
+        self.hello: Hello | None = None
+        self._sock: socket.socket | None = None
+        self._reader = FrameReader()
+        self._send_lock = threading.Lock()
+        self._closed = False
+        self._ended = False
+        self._attempt = 0
+        self._next_try = 0.0
+        self._state = "connecting"
+        self._pending: list[Record] = []
+        self.last_error = ""
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def _describe(self, exc: BaseException) -> str:
+        where = f"{self.host}:{self.port}"
+        if isinstance(exc, ConnectionRefusedError):
+            return f"nothing listens on {where} (connection refused): is the engine running with its probe there?"
+        if isinstance(exc, (socket.timeout, TimeoutError)):
+            return f"{where} did not answer within {CONNECT_TIMEOUT_S:.0f} s (wrong address or a firewall?)"
+        if isinstance(exc, socket.gaierror):
+            return f"cannot resolve host {self.host!r}: {exc.strerror}"
+        return f"cannot connect to {where}: {exc}"
+
+    def open(self) -> list[Record]:
+        """Connect and read the hello; raises ``AdapterConnectionError``."""
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            raise AdapterConnectionError(self._describe(exc)) from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(encode(ClientHello(schema=SCHEMA_VERSION, client=self.client, token=self.token)))
+            reader = FrameReader()
+            deadline = time.monotonic() + HELLO_TIMEOUT_S
+            first: list[Record] = []
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AdapterConnectionError(
+                        f"{self.host}:{self.port} accepted the connection but sent no rltperf hello "
+                        f"within {HELLO_TIMEOUT_S:.0f} s: is it an rltperf probe?"
+                    )
+                sock.settimeout(left)
+                try:
+                    data = sock.recv(65536)
+                except (socket.timeout, TimeoutError):
+                    continue
+                if not data:
+                    raise AdapterConnectionError(f"{self.host}:{self.port} closed the connection during the hello")
+                try:
+                    first.extend(reader.feed(data))
+                except FrameError as exc:
+                    raise AdapterConnectionError(
+                        f"{self.host}:{self.port} does not speak the rltperf protocol ({exc})"
+                    ) from None
+                for i, rec in enumerate(first):
+                    if isinstance(rec, Refused):
+                        raise AdapterConnectionError(f"the probe refused the connection: {rec.reason}")
+                    if isinstance(rec, Hello):
+                        if rec.schema != SCHEMA_VERSION:
+                            raise AdapterConnectionError(
+                                f"the probe speaks schema {rec.schema}, this monitor {SCHEMA_VERSION}: "
+                                "upgrade the older side"
+                            )
+                        sock.settimeout(None)
+                        sock.setblocking(False)
+                        self._sock = sock
+                        self._reader = reader
+                        self.hello = rec
+                        self.info = rec.engine
+                        self._attempt = 0
+                        self._state = "connected"
+                        self._ended = False
+                        return [
+                            SessionEvent(state="connected", detail=f"connected to {self.host}:{self.port}", ts_ns=_clk()),
+                            *first[i:],
+                        ]
+        except AdapterConnectionError:
+            sock.close()
+            raise
+        except OSError as exc:
+            sock.close()
+            raise AdapterConnectionError(self._describe(exc)) from None
+
+    def _drop(self, why: str) -> list[Record]:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+        self.last_error = why
+        if not self.reconnect or self._closed:
+            self._ended = True
+            self._state = "ended"
+            return [SessionEvent(state="ended", detail=why, ts_ns=_clk())]
+        self._state = "reconnecting"
+        self._attempt = 0
+        self._next_try = time.monotonic() + BACKOFF_S[0]
+        return [SessionEvent(state="reconnecting", detail=why, ts_ns=_clk())]
+
+    # -- Session API -----------------------------------------------------------------------------
+
+    def read(self, timeout: float) -> list[Record]:
+        if self._pending:
+            out, self._pending = self._pending, []
+            return out
+        if self._closed or self._ended:
+            time.sleep(min(timeout, 0.05))
+            return []
+        sock = self._sock
+        if sock is None:
+            now = time.monotonic()
+            if now < self._next_try:
+                time.sleep(min(timeout, self._next_try - now))
+                return []
+            try:
+                return self.open()
+            except AdapterConnectionError as exc:
+                self._attempt += 1
+                self._next_try = time.monotonic() + BACKOFF_S[min(self._attempt, len(BACKOFF_S) - 1)]
+                if str(exc) != self.last_error:
+                    self.last_error = str(exc)
+                    return [SessionEvent(state="reconnecting", detail=str(exc), ts_ns=_clk())]
+                return []
+        try:
+            r, _, _ = select.select([sock], [], [], timeout)
+        except (OSError, ValueError):
+            return self._drop("connection lost")
+        if not r:
+            return []
+        out: list[Record] = []
+        for _ in range(64):  # read what is there, bounded
+            try:
+                data = sock.recv(1 << 18)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                return out + self._drop(f"connection lost: {exc}")
+            if not data:
+                return out + self._drop("the probe closed the connection (engine stopped?)")
+            try:
+                out.extend(self._reader.feed(data))
+            except FrameError as exc:
+                return out + self._drop(f"bad frame from the probe: {exc}")
+            if len(data) < (1 << 18):
+                break
+        for rec in out:
+            if isinstance(rec, Bye):
+                out.extend(self._drop(f"the engine said goodbye: {rec.reason}"))
+                break
+        return out
+
+    def request_capture(self, steps: int, mode: str = "ops", label: str | None = None) -> str:
+        cid = new_capture_id()
+        frame = encode(Capture(capture_id=cid, steps=steps, mode=mode, label=label, token=self.token))
+        with self._send_lock:
+            sock = self._sock
+            if sock is None:
+                raise AdapterConnectionError(f"not connected to {self.host}:{self.port}: {self.last_error}")
+            try:
+                sock.setblocking(True)
+                sock.sendall(frame)
+            except OSError as exc:
+                raise AdapterConnectionError(f"cannot send the capture request: {exc}") from None
+            finally:
+                try:
+                    sock.setblocking(False)
+                except OSError:
+                    pass
+        return cid
+
+    def close(self) -> None:
+        self._closed = True
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+
+    @property
+    def ended(self) -> bool:
+        return self._ended or self._closed
+
+    @property
+    def state(self) -> str:
+        """``connecting``, ``connected``, ``reconnecting`` or ``ended``."""
+        return self._state
+
+
+class ProbeAdapter(Adapter):
+    """``tcp://host:port``: subscribe to an rltperf probe inside an engine."""
+
+    NAME: ClassVar[str] = "tcp"
+    SCHEMES: ClassVar[tuple[str, ...]] = ("tcp://",)
+    SUPPORTS_CAPTURE: ClassVar[bool] = True
+    SUPPORTS_RECONNECT: ClassVar[bool] = True
+    DESCRIPTION: ClassVar[str] = "live stream from an rltperf probe (reference engine, vLLM plugin, your engine)"
+
+    def __init__(self, target: str, **options: Any) -> None:
+        super().__init__(target, **options)
+        rest = target[len("tcp://") :] if target.startswith("tcp://") else target
+        rest = rest.rstrip("/")
+        try:
+            self.host, self.port = parse_hostport(rest)
+        except ValueError as exc:
+            raise AdapterTargetError(f"bad target {target!r}: {exc} (expected tcp://HOST:PORT)") from None
+        self.token: str | None = options.get("token") or os.environ.get("RLTPERF_TOKEN") or None
+        self.reconnect: bool = bool(options.get("reconnect", True))
+        self.client: str = str(options.get("client", "rltperf"))
+
+    def session(self) -> ProbeSession:
+        """A session object not yet connected (``read()`` connects and retries)."""
+        return ProbeSession(self.target, self.host, self.port, self.token, self.reconnect, self.client)
+
+    def connect(self) -> ProbeSession:
+        s = self.session()
+        s._pending = s.open()  # the first read() returns the hello
+        return s
