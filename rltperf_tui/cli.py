@@ -1,2 +1,107 @@
-def main() -> int:
-    return 0
+"""``rltperf`` command line: one sub-command per module under ``rltperf_tui.commands``.
+
+Each command module defines ``HELP`` (one line), ``DESCRIPTION`` (a paragraph),
+``add_arguments(parser)`` and ``run(args) -> int``, and imports nothing heavy (torch,
+textual, vllm) at module level, so ``rltperf --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from types import ModuleType
+
+from rltperf_tui import __version__
+
+# name -> module; order is the order shown in --help.
+COMMANDS: dict[str, str] = {
+    "demo": "rltperf_tui.commands.demo",
+    "attach": "rltperf_tui.commands.attach",
+    "replay": "rltperf_tui.commands.replay",
+    "engine": "rltperf_tui.commands.engine",
+    "record": "rltperf_tui.commands.record",
+    "capture": "rltperf_tui.commands.capture",
+    "summary": "rltperf_tui.commands.summary",
+    "report": "rltperf_tui.commands.report",
+    "compare": "rltperf_tui.commands.compare",
+    "calibrate": "rltperf_tui.commands.calibrate",
+    "bench": "rltperf_tui.commands.bench",
+    "adapters": "rltperf_tui.commands.adapters",
+}
+
+EPILOG = """\
+Start here:  rltperf demo          (reference engine on the CPU + the live monitor)
+Your engine: rltperf attach tcp://127.0.0.1:7788
+vLLM:        rltperf attach vllm+http://127.0.0.1:8000
+
+Keys in the monitor: c / f capture ops / full, [ ] capture length, space pause,
+r record, ? help, q quit.
+"""
+
+
+def _load(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(COMMANDS[name])
+    except ModuleNotFoundError as exc:
+        if exc.name == COMMANDS[name]:
+            return None  # not part of this build
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (every available sub-command)."""
+    parser = argparse.ArgumentParser(
+        prog="rltperf",
+        description=(
+            "Live performance monitor for looped-transformer inference engines: per-step timing "
+            "by stage, device idle fraction, bandwidth utilisation against the roofline, tail "
+            "latencies, and bounded profiler captures saved with a reproducible metadata snapshot."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"rltperf {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output on stderr (-vv: debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        mod = _load(name)
+        if mod is None:
+            continue
+        p = sub.add_parser(
+            name,
+            help=mod.HELP,
+            description=getattr(mod, "DESCRIPTION", mod.HELP),
+            epilog=getattr(mod, "EPILOG", None),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``rltperf`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    from engine_adapters.base import AdapterError
+    from engine_adapters.recording import RecordingError
+
+    try:
+        return int(args._module.run(args) or 0)
+    except (AdapterError, RecordingError) as exc:
+        print(f"rltperf {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"rltperf {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

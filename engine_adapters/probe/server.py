@@ -47,8 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rltperf.probe")
 
-TICK_S = 0.02
-"""Publisher period: latency from step end to frame sent is at most about this."""
+TICK_S = 0.05
+"""Publisher period: latency from step end to frame sent is at most about this
+(the screen refreshes at 2-4 Hz; a shorter period costs the engine GIL time)."""
 MAX_CLIENT_FRAME = 64 * 1024
 """Clients only send small control frames."""
 MAX_SUBSCRIBERS = 64
@@ -151,6 +152,7 @@ class Publisher(threading.Thread):
         self._unknown_fields: set[str] = set()
         self._hello_cache: bytes | None = None
         self.last_device_sample: DeviceSample | None = None
+        self._export_windows = False
         self._observers: list[Any] = []  # callables(list[Record]) e.g. the Prometheus exporter
 
     # -- inputs from other threads ---------------------------------------------------------
@@ -244,6 +246,7 @@ class Publisher(threading.Thread):
         slots = probe._slots
         mask = probe._mask
         ready: list[StepRecord] = []
+        self._export_windows = bool(probe._capture_ctl.export_windows)
         while r < w:
             sl = slots[r & mask]
             rec, events = self._to_record(sl, r)
@@ -275,58 +278,57 @@ class Publisher(threading.Thread):
         return out
 
     def _to_record(self, sl: StepSlot, sid: int) -> tuple[StepRecord, list[Any]]:
+        # Stage durations from the boundary marks: mark i lasts until mark i+1 (or the
+        # step's end); index -1 is "between stages" (the with-form's exit boundary).
+        stage = [0] * len(self.probe._stage_names)
         k = sl.k
-        t = sl.t
-        ix = sl.ix
         end = sl.end
         start = sl.start
-        n = len(self.probe._stage_names)
-        stage = [0] * n
-        for i in range(k):
-            idx = ix[i]
-            if idx >= 0:
-                nxt = t[i + 1] if i + 1 < k else end
-                if idx < n:
-                    stage[idx] += nxt - t[i]
+        if k:
+            t = sl.t
+            ix = sl.ix
+            prev_t = t[0]
+            prev_i = ix[0]
+            for i in range(1, k):
+                ti = t[i]
+                if prev_i >= 0:
+                    stage[prev_i] += ti - prev_t
+                prev_t = ti
+                prev_i = ix[i]
+            if prev_i >= 0:
+                stage[prev_i] += end - prev_t
         if sl.overflow:
             self.mark_overflow += sl.overflow
             sl.overflow = 0
         flags = sl.flags
-        ctl = self.probe._capture_ctl
-        if ctl.export_windows and ctl.exporting_overlap(start, end):
+        if self._export_windows and self.probe._capture_ctl.exporting_overlap(start, end):
             flags |= FLAG_EXPORTING
         extras = sl.extras
-        fields: dict[str, Any] = {}
         events: list[Any] = []
-        if extras:
-            for key, val in extras.items():
-                if key in _STEP_FIELDS:
-                    fields[key] = val
-                elif key == "busy_events":
-                    events = list(val or ())
-                elif key not in self._unknown_fields:
-                    self._unknown_fields.add(key)
-                    log.warning("probe: step field %r is not in the schema; ignored", key)
+        if not extras:
+            return (
+                StepRecord(step_id=sid, start_ns=start, end_ns=end, kind=sl.kind, stage_ns=stage,
+                           batch=sl.batch, tokens=sl.tokens, flags=flags),
+                events,
+            )  # fmt: skip
+        fields: dict[str, Any] = {}
+        for key, val in extras.items():
+            if key in _STEP_FIELDS:
+                fields[key] = val
+            elif key == "busy_events":
+                events = list(val or ())
+            elif key not in self._unknown_fields:
+                self._unknown_fields.add(key)
+                log.warning("probe: step field %r is not in the schema; ignored", key)
         if "flags" in fields:
             flags |= int(fields.pop("flags"))
         try:
-            rec = StepRecord(
-                step_id=sid,
-                start_ns=start,
-                end_ns=end,
-                kind=sl.kind,
-                stage_ns=stage,
-                batch=sl.batch,
-                tokens=sl.tokens,
-                flags=flags,
-                **fields,
-            )
+            rec = StepRecord(step_id=sid, start_ns=start, end_ns=end, kind=sl.kind, stage_ns=stage,
+                             batch=sl.batch, tokens=sl.tokens, flags=flags, **fields)  # fmt: skip
         except TypeError as exc:
             log.warning("probe: bad step facts %s: %s", sorted(fields), exc)
-            rec = StepRecord(
-                step_id=sid, start_ns=start, end_ns=end, kind=sl.kind, stage_ns=stage,
-                batch=sl.batch, tokens=sl.tokens, flags=flags,
-            )  # fmt: skip
+            rec = StepRecord(step_id=sid, start_ns=start, end_ns=end, kind=sl.kind, stage_ns=stage,
+                             batch=sl.batch, tokens=sl.tokens, flags=flags)  # fmt: skip
         return rec, events
 
     def _resolve_pending(self) -> list[StepRecord]:

@@ -1,0 +1,747 @@
+"""The aggregator: records in, windowed statistics out.  No Textual; numpy only.
+
+The same code serves ``rltperf summary``, the live screen, ``compare`` and
+``bench ingest``.  Metric definitions are DESIGN.md's:
+
+- step time = end − start; gap = start of step k+1 − end of step k (only between
+  consecutive step ids, so a hole left by dropped records is not read as a gap);
+- device idle fraction over a window W = 1 − Σ busy / W (busy clipped to the window);
+- MBU over W = Σ (bytes read + written) / (W × peak bandwidth);
+- roofline: arithmetic intensity = FLOPs / bytes against machine balance;
+- TTFT = first token − arrival; TPOT = (finish − first token) / (output tokens − 1);
+  percentiles are of the pooled samples in the window; failed requests are counted;
+- goodput = completed requests per second meeting both SLOs (DistServe).
+
+"Now" is the newest data time seen, not the wall clock, so a replay gives the same
+numbers as the live stream did.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine_adapters.records import (
+    FLAG_EXPORTING,
+    FLAG_PROFILED,
+    FLAG_WARMUP,
+    Bye,
+    CaptureDone,
+    CaptureExporting,
+    CaptureFailed,
+    CaptureProgress,
+    CaptureStarted,
+    Ceiling,
+    DeviceSample,
+    EngineInfo,
+    Hello,
+    Record,
+    Refused,
+    RequestRecord,
+    SessionEvent,
+    StageTable,
+    Stats,
+    StepRecord,
+)
+from rltperf_tui import roofline
+
+MAX_STAGES = 24
+MAX_DEPTH = 16
+PERCENTILES = (50, 95, 99)
+
+_KINDS = ("decode", "prefill", "mixed", "draft", "verify", "idle")
+_KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
+
+
+def pct(values: np.ndarray) -> dict[str, float | None]:
+    """P50/P95/P99 of pooled samples (linear interpolation); None for no samples."""
+    if values.size == 0:
+        return {f"p{p}": None for p in PERCENTILES}
+    q = np.percentile(values, PERCENTILES)
+    return {f"p{p}": float(v) for p, v in zip(PERCENTILES, q, strict=True)}
+
+
+class _Ring:
+    """Fixed-capacity column store; ``grow=True`` doubles instead of overwriting."""
+
+    def __init__(self, capacity: int, columns: dict[str, tuple[Any, tuple[int, ...]]], grow: bool) -> None:
+        self.cap = capacity
+        self.grow = grow
+        self.n = 0  # total appended
+        self.cols: dict[str, np.ndarray] = {
+            name: np.zeros((capacity, *shape), dtype=dt) for name, (dt, shape) in columns.items()
+        }
+
+    def __len__(self) -> int:
+        return min(self.n, self.cap)
+
+    def _ensure(self, extra: int) -> None:
+        if not self.grow or self.n + extra <= self.cap:
+            return
+        new = self.cap
+        while new < self.n + extra:
+            new *= 2
+        for name, arr in self.cols.items():
+            bigger = np.zeros((new, *arr.shape[1:]), dtype=arr.dtype)
+            bigger[: self.n] = arr[: self.n]
+            self.cols[name] = bigger
+        self.cap = new
+
+    def append(self, batch: dict[str, Any], count: int) -> None:
+        """Append ``count`` rows given as column -> list/array."""
+        if count == 0:
+            return
+        self._ensure(count)
+        cap = self.cap
+        if count > cap:  # keep only the newest cap rows
+            batch = {k: np.asarray(v)[-cap:] for k, v in batch.items()}
+            self.n += count - cap
+            count = cap
+        start = self.n % cap
+        end = start + count
+        for name, values in batch.items():
+            col = self.cols[name]
+            arr = np.asarray(values, dtype=col.dtype)
+            if end <= cap:
+                col[start:end] = arr
+            else:
+                k = cap - start
+                col[start:] = arr[:k]
+                col[: end - cap] = arr[k:]
+        self.n += count
+
+    def last(self, name: str, k: int | None = None) -> np.ndarray:
+        """The newest ``k`` (default all kept) values of a column, oldest first."""
+        size = len(self)
+        k = size if k is None else min(k, size)
+        if k <= 0:
+            col = self.cols[name]
+            return col[:0]
+        col = self.cols[name]
+        end = self.n % self.cap if self.n >= self.cap else self.n
+        start = end - k
+        if start >= 0:
+            return col[start:end]
+        return np.concatenate((col[start:], col[:end]))
+
+
+_STEP_COLS: dict[str, tuple[Any, tuple[int, ...]]] = {
+    "step_id": (np.int64, ()),
+    "start": (np.int64, ()),
+    "end": (np.int64, ()),
+    "kind": (np.int8, ()),
+    "batch": (np.int32, ()),
+    "tokens": (np.int32, ()),
+    "prefill": (np.int32, ()),
+    "out_tokens": (np.int32, ()),
+    "busy": (np.float64, ()),  # NaN = unknown
+    "bytes": (np.float64, ()),  # read + written, NaN = unknown
+    "flops": (np.float64, ()),
+    "flags": (np.int32, ()),
+    "kv_used": (np.float64, ()),
+    "kv_total": (np.float64, ()),
+    "waiting": (np.float64, ()),
+    "running": (np.float64, ()),
+    "drafts": (np.int32, ()),
+    "drafted": (np.int32, ()),
+    "accepted": (np.int32, ()),
+    "preempted": (np.int32, ()),
+    "stages": (np.int64, (MAX_STAGES,)),
+    "exit": (np.int32, (MAX_DEPTH,)),
+    "loop_ns": (np.int64, (MAX_DEPTH,)),
+    "loop_tokens": (np.int32, (MAX_DEPTH,)),
+}
+_REQ_COLS: dict[str, tuple[Any, tuple[int, ...]]] = {
+    "arrival": (np.int64, ()),
+    "finish": (np.int64, ()),
+    "ttft": (np.float64, ()),  # ns, NaN = no first token
+    "tpot": (np.float64, ()),  # ns, NaN = fewer than 2 tokens
+    "out": (np.int32, ()),
+    "prompt": (np.int32, ()),
+    "ok": (np.bool_, ()),
+}
+
+
+@dataclass
+class CaptureView:
+    """What the monitor knows of one capture."""
+
+    capture_id: str
+    mode: str
+    steps: int
+    state: str = "requested"  # requested, armed, capturing, exporting, saved, failed, refused
+    steps_done: int = 0
+    first_step: int | None = None
+    bundle: str | None = None
+    trace_bytes: int | None = None
+    events: int | None = None
+    export_s: float | None = None
+    error: str | None = None
+    cold: bool = False
+    exporting_since_ns: int | None = None
+    requested_ns: int = 0
+
+
+@dataclass
+class Window:
+    """Statistics of one window; every figure says what it is in the UI."""
+
+    seconds: float
+    span_s: float
+    steps: int
+    step_ms: dict[str, float | None]
+    gap_ms: dict[str, float | None]
+    step_ms_mean: float | None
+    stage_ms_mean: dict[str, float]
+    idle_fraction: float | None
+    busy_known_steps: int
+    achieved_gbps: float | None
+    achieved_gflops: float | None
+    mbu: float | None
+    mbu_overcount: bool
+    intensity: float | None
+    balance: float | None
+    verdict: str
+    ceiling_ms_p50: float | None
+    tokens_per_s: float | None
+    steps_per_s: float | None
+    ttft_ms: dict[str, float | None]
+    tpot_ms: dict[str, float | None]
+    requests_ok: int
+    requests_failed: int
+    goodput_rps: float | None
+    exit_hist: list[int]
+    mean_exit_depth: float | None
+    loop_ms_mean: list[float]
+    loop_tokens_mean: list[float]
+    spec_drafts: int
+    spec_drafted: int
+    spec_accepted: int
+    acceptance_rate: float | None
+    mean_acceptance_len: float | None
+    profiled_steps: int
+    warmup_steps: int
+    exporting_steps: int
+
+    def as_summary(self) -> dict[str, Any]:
+        """The ``rltperf summary --json`` shape."""
+        return {
+            "steps": self.steps,
+            "wall_s": round(self.span_s, 6),
+            "step_ms": self.step_ms,
+            "gap_ms": self.gap_ms,
+            "idle_fraction": self.idle_fraction,
+            "mbu": self.mbu,
+            "tokens_per_s": self.tokens_per_s,
+            "ttft_ms": self.ttft_ms,
+            "tpot_ms": self.tpot_ms,
+            "requests": {"ok": self.requests_ok, "failed": self.requests_failed},
+        }
+
+
+@dataclass
+class IdleGap:
+    """A gap between steps longer than the threshold."""
+
+    at_ns: int
+    length_ms: float
+    after_step: int
+    grown_stage: str | None
+    grown_ms: float | None
+
+
+@dataclass
+class TargetStats:
+    """Everything known about one target's stream."""
+
+    capacity: int = 32768
+    grow: bool = False
+    peak_override: Ceiling | None = None
+    info: EngineInfo | None = None
+    hello: Hello | None = None
+    stage_names: list[str] = field(default_factory=list)
+    state: str = "connecting"
+    state_detail: str = ""
+    dropped_ring: int = 0
+    dropped_sub: int = 0
+    id_gaps: int = 0
+    steps_total: int | None = None
+    records: int = 0
+    last_step_id: int | None = None
+    last_end_ns: int | None = None
+    last_step: StepRecord | None = None
+    devices: dict[tuple[str, int], DeviceSample] = field(default_factory=dict)
+    device_notes: list[str] = field(default_factory=list)
+    captures: dict[str, CaptureView] = field(default_factory=dict)
+    messages: deque[str] = field(default_factory=lambda: deque(maxlen=20))
+    now_ns: int = 0
+
+    def __post_init__(self) -> None:
+        self.steps = _Ring(self.capacity, _STEP_COLS, self.grow)
+        self.reqs = _Ring(max(1024, self.capacity // 4), _REQ_COLS, self.grow)
+        self.gpu_util: deque[tuple[int, float]] = deque(maxlen=600)
+        self.dram_util: deque[tuple[int, float]] = deque(maxlen=600)
+
+    # -- ingest ------------------------------------------------------------------------------
+
+    @property
+    def ceiling(self) -> Ceiling | None:
+        """Peak figures in use: an override (flag or calibration), else the engine's."""
+        if self.peak_override is not None:
+            return self.peak_override
+        return self.hello.ceiling if self.hello is not None else None
+
+    def add(self, recs: list[Record]) -> None:
+        """Ingest a batch of records (any mix, in stream order)."""
+        steps: list[StepRecord] = []
+        reqs: list[RequestRecord] = []
+        for r in recs:
+            if isinstance(r, StepRecord):
+                steps.append(r)
+            elif isinstance(r, RequestRecord):
+                reqs.append(r)
+            else:
+                if steps:
+                    self._add_steps(steps)
+                    steps = []
+                self._add_other(r)
+        if steps:
+            self._add_steps(steps)
+        if reqs:
+            self._add_requests(reqs)
+        self.records += len(recs)
+
+    def _add_other(self, r: Record) -> None:
+        if isinstance(r, Stats):
+            self.dropped_ring = r.ring_dropped
+            self.dropped_sub = r.sub_dropped
+            self.steps_total = r.steps_total
+            self.now_ns = max(self.now_ns, r.ts_ns)
+        elif isinstance(r, DeviceSample):
+            self.devices[(r.kind, r.index)] = r
+            if r.note and r.note not in self.device_notes:
+                self.device_notes.append(r.note)
+            if r.gpu_util is not None:
+                self.gpu_util.append((r.ts_ns, r.gpu_util))
+            if r.dram_bw_util is not None:
+                self.dram_util.append((r.ts_ns, r.dram_bw_util))
+        elif isinstance(r, Hello):
+            self.hello = r
+            self.info = r.engine
+            self.stage_names = list(r.stage_names)
+        elif isinstance(r, StageTable):
+            self.stage_names = list(r.stage_names)
+        elif isinstance(r, SessionEvent):
+            self.state = r.state
+            self.state_detail = r.detail
+            if r.detail:
+                self.messages.append(r.detail)
+        elif isinstance(r, Bye):
+            self.messages.append(f"engine: {r.reason}")
+        elif isinstance(r, (CaptureStarted, CaptureProgress, CaptureExporting, CaptureDone, CaptureFailed)):
+            self._capture_event(r)
+        elif isinstance(r, Refused):
+            if r.capture_id and r.capture_id in self.captures:
+                c = self.captures[r.capture_id]
+                c.state = "refused"
+                c.error = r.reason
+            self.messages.append(f"refused: {r.reason}")
+
+    def note_capture_request(self, capture_id: str, mode: str, steps: int, now_ns: int = 0) -> CaptureView:
+        """The monitor asked for a capture (before the engine answers)."""
+        c = CaptureView(capture_id=capture_id, mode=mode, steps=steps, state="armed", requested_ns=now_ns)
+        self.captures[capture_id] = c
+        return c
+
+    def _capture_event(self, r: Any) -> None:
+        c = self.captures.get(r.capture_id)
+        if c is None:  # requested by another client: still show it
+            steps = getattr(r, "steps", getattr(r, "steps_requested", 0))
+            c = self.captures[r.capture_id] = CaptureView(
+                capture_id=r.capture_id, mode=getattr(r, "mode", "?"), steps=steps
+            )
+        if isinstance(r, CaptureStarted):
+            c.state, c.first_step, c.cold, c.mode, c.steps = "capturing", r.first_step, r.cold, r.mode, r.steps
+        elif isinstance(r, CaptureProgress):
+            c.state, c.steps_done = "capturing", r.steps_done
+        elif isinstance(r, CaptureExporting):
+            c.state, c.exporting_since_ns, c.steps_done = "exporting", r.since_ns, c.steps
+        elif isinstance(r, CaptureDone):
+            c.state = "saved"
+            c.bundle, c.trace_bytes, c.events, c.export_s = r.bundle, r.trace_bytes, r.events, r.export_s
+            c.steps_done = r.steps_captured
+        elif isinstance(r, CaptureFailed):
+            c.state, c.error, c.bundle = "failed", r.reason, r.bundle
+
+    def _add_steps(self, steps: list[StepRecord]) -> None:
+        n = len(steps)
+        ns = len(self.stage_names) or MAX_STAGES
+        ns = min(ns, MAX_STAGES)
+        stage_rows = np.zeros((n, MAX_STAGES), dtype=np.int64)
+        exit_rows = np.zeros((n, MAX_DEPTH), dtype=np.int32)
+        loop_rows = np.zeros((n, MAX_DEPTH), dtype=np.int64)
+        ltok_rows = np.zeros((n, MAX_DEPTH), dtype=np.int32)
+        ids = [0] * n
+        start = [0] * n
+        end = [0] * n
+        kind = [0] * n
+        batch = [0] * n
+        tokens = [0] * n
+        prefill = [0] * n
+        out_tok = [0] * n
+        busy = [math.nan] * n
+        nbytes = [math.nan] * n
+        flops = [math.nan] * n
+        flags = [0] * n
+        kv_used = [math.nan] * n
+        kv_total = [math.nan] * n
+        waiting = [math.nan] * n
+        running = [math.nan] * n
+        drafts = [0] * n
+        drafted = [0] * n
+        accepted = [0] * n
+        preempted = [0] * n
+        kc = _KIND_CODE
+        prev = self.last_step_id
+        gaps = 0
+        for i, s in enumerate(steps):
+            sid = s.step_id
+            if prev is not None and sid > prev + 1:
+                gaps += sid - prev - 1
+            prev = sid
+            ids[i] = sid
+            start[i] = s.start_ns
+            end[i] = s.end_ns
+            kind[i] = kc.get(s.kind, 0)
+            batch[i] = s.batch
+            tokens[i] = s.tokens
+            prefill[i] = s.prefill_tokens
+            out_tok[i] = s.out_tokens
+            if s.busy_ns is not None:
+                busy[i] = s.busy_ns
+            br = s.bytes_read
+            bw = s.bytes_written
+            if br is not None or bw is not None:
+                nbytes[i] = (br or 0) + (bw or 0)
+            if s.flops is not None:
+                flops[i] = s.flops
+            flags[i] = s.flags
+            if s.kv_used is not None:
+                kv_used[i] = s.kv_used
+            if s.kv_total is not None:
+                kv_total[i] = s.kv_total
+            if s.waiting is not None:
+                waiting[i] = s.waiting
+            if s.running is not None:
+                running[i] = s.running
+            drafts[i] = s.spec_drafts
+            drafted[i] = s.spec_drafted
+            accepted[i] = s.spec_accepted
+            preempted[i] = s.preempted
+            st = s.stage_ns
+            if st:
+                m = min(len(st), MAX_STAGES)
+                stage_rows[i, :m] = st[:m]
+            eh = s.exit_hist
+            if eh:
+                m = min(len(eh), MAX_DEPTH)
+                exit_rows[i, :m] = eh[:m]
+            ln = s.loop_ns
+            if ln:
+                m = min(len(ln), MAX_DEPTH)
+                loop_rows[i, :m] = ln[:m]
+            lt = s.loop_tokens
+            if lt:
+                m = min(len(lt), MAX_DEPTH)
+                ltok_rows[i, :m] = lt[:m]
+        self.id_gaps += gaps
+        self.last_step_id = prev
+        self.last_step = steps[-1]
+        self.last_end_ns = end[-1]
+        self.now_ns = max(self.now_ns, end[-1])
+        self.steps.append(
+            {
+                "step_id": ids, "start": start, "end": end, "kind": kind, "batch": batch,
+                "tokens": tokens, "prefill": prefill, "out_tokens": out_tok, "busy": busy,
+                "bytes": nbytes, "flops": flops, "flags": flags, "kv_used": kv_used,
+                "kv_total": kv_total, "waiting": waiting, "running": running, "drafts": drafts,
+                "drafted": drafted, "accepted": accepted, "preempted": preempted,
+                "stages": stage_rows, "exit": exit_rows, "loop_ns": loop_rows, "loop_tokens": ltok_rows,
+            },
+            n,
+        )  # fmt: skip
+
+    def _add_requests(self, reqs: list[RequestRecord]) -> None:
+        n = len(reqs)
+        arrival = [0] * n
+        finish = [0] * n
+        ttft = [math.nan] * n
+        tpot = [math.nan] * n
+        out = [0] * n
+        prompt = [0] * n
+        ok = [False] * n
+        for i, r in enumerate(reqs):
+            arrival[i] = r.arrival_ns
+            finish[i] = r.finish_ns
+            if r.first_token_ns is not None:
+                ttft[i] = r.first_token_ns - r.arrival_ns
+                if r.output_tokens > 1:
+                    tpot[i] = (r.finish_ns - r.first_token_ns) / (r.output_tokens - 1)
+            out[i] = r.output_tokens
+            prompt[i] = r.prompt_tokens
+            ok[i] = r.status == "ok"
+        self.now_ns = max(self.now_ns, max(finish))
+        self.reqs.append(
+            {"arrival": arrival, "finish": finish, "ttft": ttft, "tpot": tpot, "out": out, "prompt": prompt, "ok": ok},
+            n,
+        )
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def dropped(self) -> int:
+        """Records known lost: probe ring + this subscriber's queue (+ id holes seen)."""
+        return max(self.dropped_ring + self.dropped_sub, self.id_gaps)
+
+    def _window_rows(self, seconds: float | None) -> tuple[slice | np.ndarray, int, int]:
+        """Index range (into ``last(k)`` arrays) of steps ending in the window."""
+        k = len(self.steps)
+        if k == 0:
+            return slice(0, 0), 0, 0
+        end = self.steps.last("end")
+        if seconds is None:
+            return slice(0, k), k, 0
+        lo = np.searchsorted(end, self.now_ns - int(seconds * 1e9), side="right")
+        return slice(int(lo), k), k, int(lo)
+
+    def window(self, seconds: float | None = 10.0, slo_ttft_ms: float | None = None,
+               slo_tpot_ms: float | None = None) -> Window:  # fmt: skip
+        """Statistics over the last ``seconds`` of data time (None: everything kept)."""
+        sl, _k, _lo = self._window_rows(seconds)
+        S = self.steps
+        start = S.last("start")[sl]
+        end = S.last("end")[sl]
+        ids = S.last("step_id")[sl]
+        n = int(end.size)
+        names = self.stage_names
+        ceiling = self.ceiling
+        peak_bw = ceiling.peak_bw_gbps if ceiling else None
+        peak_fl = ceiling.peak_gflops if ceiling else None
+        if n == 0:
+            span = 0.0
+        elif seconds is None:
+            span = (int(end[-1]) - int(start[0])) / 1e9
+        else:
+            span = min(float(seconds), (int(end[-1]) - int(start[0])) / 1e9)
+        dur = (end - start).astype(np.float64)
+        consec = np.diff(ids) == 1
+        gaps = (start[1:] - end[:-1]).astype(np.float64)[consec] if n > 1 else np.zeros(0)
+        stages = S.last("stages")[sl]
+        stage_mean = {}
+        if n:
+            means = stages[:, : len(names)].mean(axis=0) / 1e6 if names else np.zeros(0)
+            stage_mean = {nm: float(v) for nm, v in zip(names, means, strict=False) if v > 0}
+        # device busy / idle
+        busy = S.last("busy")[sl]
+        known = ~np.isnan(busy)
+        idle: float | None = None
+        if n and known.any() and span > 0:
+            w0 = int(end[-1]) - int(span * 1e9)
+            b = busy[known]
+            # clip the first step's busy to the part of it inside the window
+            s0 = start[known]
+            frac_in = np.clip((end[known] - np.maximum(s0, w0)) / np.maximum(end[known] - s0, 1), 0, 1)
+            idle = float(1.0 - min(1.0, (b * frac_in).sum() / (span * 1e9)))
+        nbytes = S.last("bytes")[sl]
+        flops = S.last("flops")[sl]
+        bknown = ~np.isnan(nbytes)
+        tot_bytes = float(nbytes[bknown].sum()) if bknown.any() else None
+        fknown = ~np.isnan(flops)
+        tot_flops = float(flops[fknown].sum()) if fknown.any() else None
+        rf = roofline.window_roofline(
+            total_bytes=tot_bytes, total_flops=tot_flops, seconds=span, peak_bw_gbps=peak_bw,
+            peak_gflops=peak_fl, idle_fraction=idle,
+        )  # fmt: skip
+        ceil_ms = None
+        if n and bknown.any() and peak_bw:
+            per_step = roofline.ceiling_time_s(
+                nbytes[bknown], np.where(fknown, flops, 0.0)[bknown], peak_bw, peak_fl
+            )
+            ceil_ms = float(np.median(per_step) * 1e3)
+        out_tok = S.last("out_tokens")[sl]
+        tok_s = float(out_tok.sum() / span) if span > 0 and n else None
+        # requests finishing in the window
+        R = self.reqs
+        rfin = R.last("finish")
+        if seconds is None:
+            rsl = slice(0, rfin.size)
+        else:
+            rsl = slice(int(np.searchsorted(rfin, self.now_ns - int(seconds * 1e9), side="right")), rfin.size)
+        ok = R.last("ok")[rsl]
+        ttft = R.last("ttft")[rsl]
+        tpot = R.last("tpot")[rsl]
+        ttft_ok = ttft[ok & ~np.isnan(ttft)] / 1e6
+        tpot_ok = tpot[ok & ~np.isnan(tpot)] / 1e6
+        goodput = None
+        if span > 0 and (slo_ttft_ms is not None or slo_tpot_ms is not None):
+            good = ok.copy()
+            if slo_ttft_ms is not None:
+                good &= ~np.isnan(ttft) & (ttft / 1e6 <= slo_ttft_ms)
+            if slo_tpot_ms is not None:
+                # a one-token request has no TPOT: it meets the TPOT SLO trivially
+                good &= np.isnan(tpot) | (tpot / 1e6 <= slo_tpot_ms)
+            goodput = float(good.sum() / span)
+        exit_rows = S.last("exit")[sl]
+        exit_hist = exit_rows.sum(axis=0)
+        depth = int(np.max(np.nonzero(exit_hist)[0]) + 1) if exit_hist.any() else 0
+        max_loops = (self.info.max_loops if self.info else None) or depth
+        exit_list = [int(v) for v in exit_hist[: max(depth, max_loops or 0)]]
+        tot_exit = exit_hist.sum()
+        mean_depth = float((exit_hist * np.arange(1, MAX_DEPTH + 1)).sum() / tot_exit) if tot_exit else None
+        loop_ns = S.last("loop_ns")[sl]
+        loop_tok = S.last("loop_tokens")[sl]
+        nl = max_loops or 0
+        loop_ms = [float(v) for v in (loop_ns[:, :nl].mean(axis=0) / 1e6)] if n and nl else []
+        loop_tk = [float(v) for v in loop_tok[:, :nl].mean(axis=0)] if n and nl else []
+        drafts = int(S.last("drafts")[sl].sum())
+        drafted = int(S.last("drafted")[sl].sum())
+        accepted = int(S.last("accepted")[sl].sum())
+        flags = S.last("flags")[sl]
+        return Window(
+            seconds=float(seconds) if seconds is not None else span,
+            span_s=span,
+            steps=n,
+            step_ms=pct(dur / 1e6),
+            gap_ms=pct(gaps / 1e6),
+            step_ms_mean=float(dur.mean() / 1e6) if n else None,
+            stage_ms_mean=stage_mean,
+            idle_fraction=idle,
+            busy_known_steps=int(known.sum()),
+            achieved_gbps=rf.achieved_gbps,
+            achieved_gflops=rf.achieved_gflops,
+            mbu=rf.mbu,
+            mbu_overcount=rf.mbu is not None and rf.mbu > 1.0,
+            intensity=rf.intensity,
+            balance=rf.balance,
+            verdict=rf.verdict,
+            ceiling_ms_p50=ceil_ms,
+            tokens_per_s=tok_s,
+            steps_per_s=float(n / span) if span > 0 else None,
+            ttft_ms=pct(ttft_ok),
+            tpot_ms=pct(tpot_ok),
+            requests_ok=int(ok.sum()),
+            requests_failed=int((~ok).sum()),
+            goodput_rps=goodput,
+            exit_hist=exit_list,
+            mean_exit_depth=mean_depth,
+            loop_ms_mean=loop_ms,
+            loop_tokens_mean=loop_tk,
+            spec_drafts=drafts,
+            spec_drafted=drafted,
+            spec_accepted=accepted,
+            acceptance_rate=accepted / drafted if drafted else None,
+            mean_acceptance_len=1.0 + accepted / drafts if drafts else None,
+            profiled_steps=int(((flags & FLAG_PROFILED) != 0).sum()),
+            warmup_steps=int(((flags & FLAG_WARMUP) != 0).sum()),
+            exporting_steps=int(((flags & FLAG_EXPORTING) != 0).sum()),
+        )
+
+    def timeline(self, seconds: float = 30.0, buckets: int = 60) -> dict[str, Any]:
+        """Per-bucket mean step time by stage and mean gap over the last ``seconds``.
+
+        Returns ``{"t0_ns", "bucket_s", "stage_ms": {name: [..]}, "gap_ms": [..],
+        "step_ms": [..], "steps": [..]}``; empty buckets hold NaN.
+        """
+        sl, _, _ = self._window_rows(seconds)
+        S = self.steps
+        end = S.last("end")[sl]
+        start = S.last("start")[sl]
+        bucket_s = seconds / buckets
+        t0 = self.now_ns - int(seconds * 1e9)
+        out: dict[str, Any] = {"t0_ns": t0, "bucket_s": bucket_s, "stage_ms": {}, "gap_ms": [], "step_ms": [], "steps": []}
+        if end.size == 0:
+            nanl = [math.nan] * buckets
+            out.update(gap_ms=nanl, step_ms=nanl, steps=[0] * buckets)
+            return out
+        b = np.clip(((end - t0) / (bucket_s * 1e9)).astype(np.int64), 0, buckets - 1)
+        cnt = np.bincount(b, minlength=buckets).astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            dur = (end - start).astype(np.float64)
+            out["step_ms"] = list(np.bincount(b, weights=dur, minlength=buckets) / cnt / 1e6)
+            stages = S.last("stages")[sl]
+            for i, nm in enumerate(self.stage_names[:MAX_STAGES]):
+                col = stages[:, i]
+                if col.any():
+                    out["stage_ms"][nm] = list(np.bincount(b, weights=col.astype(np.float64), minlength=buckets) / cnt / 1e6)
+            ids = S.last("step_id")[sl]
+            if end.size > 1:
+                g = (start[1:] - end[:-1]).astype(np.float64)
+                g[np.diff(ids) != 1] = np.nan
+                gb = b[1:]
+                okg = ~np.isnan(g)
+                gc = np.bincount(gb[okg], minlength=buckets).astype(np.float64)
+                out["gap_ms"] = list(np.bincount(gb[okg], weights=g[okg], minlength=buckets) / gc / 1e6)
+            else:
+                out["gap_ms"] = [math.nan] * buckets
+        out["steps"] = [int(c) for c in cnt]
+        return out
+
+    def idle_gaps(self, seconds: float = 30.0, threshold_ms: float | None = None, limit: int = 8) -> list[IdleGap]:
+        """Gaps between consecutive steps over the threshold, newest first, each with the
+        stage that grew most in the step before it (vs that stage's median in the window).
+
+        Default threshold: max(1 ms, 5 × the median gap).
+        """
+        sl, _, _ = self._window_rows(seconds)
+        S = self.steps
+        start = S.last("start")[sl]
+        end = S.last("end")[sl]
+        ids = S.last("step_id")[sl]
+        if end.size < 2:
+            return []
+        g = (start[1:] - end[:-1]).astype(np.float64)
+        g[np.diff(ids) != 1] = np.nan
+        if threshold_ms is None:
+            med = float(np.nanmedian(g)) / 1e6 if np.any(~np.isnan(g)) else 0.0
+            threshold_ms = max(1.0, 5 * med)
+        idx = np.nonzero(g / 1e6 > threshold_ms)[0]
+        if idx.size == 0:
+            return []
+        stages = S.last("stages")[sl]
+        names = self.stage_names
+        med_st = np.median(stages[:, : len(names)], axis=0) if names else np.zeros(0)
+        out: list[IdleGap] = []
+        for i in idx[::-1][:limit]:
+            grown = None
+            grown_ms = None
+            if names:
+                delta = stages[i, : len(names)] - med_st
+                j = int(np.argmax(delta))
+                if delta[j] > 0:
+                    grown, grown_ms = names[j], float(delta[j] / 1e6)
+            out.append(IdleGap(at_ns=int(end[i]), length_ms=float(g[i] / 1e6), after_step=int(ids[i]),
+                               grown_stage=grown, grown_ms=grown_ms))  # fmt: skip
+        return out
+
+    def latest_kv(self) -> dict[str, Any]:
+        """Newest queue and KV figures (None when the engine does not report them)."""
+        s = self.last_step
+        if s is None:
+            return {}
+        return {
+            "waiting": s.waiting,
+            "running": s.running,
+            "kv_used": s.kv_used,
+            "kv_total": s.kv_total,
+            "kv_per_depth": s.kv_per_depth,
+        }
+
+    def gpu_util_mean(self, seconds: float = 10.0) -> float | None:
+        """Mean NVML utilisation over the window (coarse cross-check), None without a GPU."""
+        lo = self.now_ns - int(seconds * 1e9)
+        vals = [v for t, v in self.gpu_util if t >= lo]
+        return sum(vals) / len(vals) if vals else None

@@ -1,0 +1,1 @@
+"""Offline analysis of recordings and bundles (summary, report, compare)."""

@@ -1,0 +1,55 @@
+"""Summary of a recording: the aggregator over the whole stream, DESIGN.md's metrics."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from engine_adapters.recording import RecordingReader
+from engine_adapters.records import Ceiling
+from rltperf_tui.aggregator import TargetStats
+
+
+def load_recording(path: str | os.PathLike[str], peak_gbps: float | None = None,
+                   peak_gflops: float | None = None) -> tuple[TargetStats, dict[str, Any], str | None]:  # fmt: skip
+    """A growing ``TargetStats`` holding every record of the file, its header, and a
+    warning (cut-off or damaged tail) or None."""
+    stats = TargetStats(capacity=8192, grow=True)
+    if peak_gbps is not None or peak_gflops is not None:
+        stats.peak_override = Ceiling(device="(command line)", peak_bw_gbps=peak_gbps, peak_gflops=peak_gflops,
+                                      source="command line")  # fmt: skip
+    with RecordingReader(path) as reader:
+        for chunk in reader.chunks():
+            stats.add(chunk)
+        warning = reader.error
+        if not warning and reader.truncated_bytes:
+            warning = f"the last {reader.truncated_bytes} bytes are a cut-off frame (ignored)"
+        return stats, reader.header, warning
+
+
+def summarize(stats: TargetStats, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> dict[str, Any]:
+    """The ``rltperf summary --json`` object."""
+    w = stats.window(None, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+    out = w.as_summary()
+    out["dropped"] = stats.dropped
+    ceiling = stats.ceiling
+    out["peak"] = (
+        {"bw_gbps": ceiling.peak_bw_gbps, "gflops": ceiling.peak_gflops, "source": ceiling.source,
+         "device": ceiling.device}
+        if ceiling else None
+    )  # fmt: skip
+    out["achieved_gbps"] = w.achieved_gbps
+    out["verdict"] = w.verdict
+    out["steps_per_s"] = w.steps_per_s
+    out["stage_ms_mean"] = w.stage_ms_mean
+    out["goodput_rps"] = w.goodput_rps
+    out["profiled_steps"] = w.profiled_steps
+    out["exit_hist"] = w.exit_hist
+    out["mean_exit_depth"] = w.mean_exit_depth
+    out["acceptance_rate"] = w.acceptance_rate
+    out["mean_acceptance_len"] = w.mean_acceptance_len
+    info = stats.info
+    out["engine"] = info.name if info else None
+    out["random_weights"] = info.random_weights if info else None
+    out["statistics"] = "percentiles of pooled samples over the whole recording"
+    return out

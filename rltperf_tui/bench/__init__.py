@@ -1,0 +1,1 @@
+"""Benchmarks behind ``rltperf bench …``: each prints its figures (and JSON with --json)."""

@@ -1,0 +1,1 @@
+"""Sub-commands of ``rltperf``; each module: HELP, DESCRIPTION, add_arguments, run."""

@@ -1,0 +1,98 @@
+"""``rltperf capture TARGET --steps N --mode ops|full``: one bounded profiler capture."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from engine_adapters.records import (
+    CaptureDone,
+    CaptureExporting,
+    CaptureFailed,
+    CaptureProgress,
+    CaptureStarted,
+    Refused,
+    SessionEvent,
+)
+from rltperf_tui.commands.common import Progress, add_target_options, open_session, target_options
+
+HELP = "run one bounded profiler capture inside the engine and wait for its bundle"
+DESCRIPTION = """\
+Ask the engine to profile exactly N complete steps (from its next step boundary) and
+wait until the bundle (trace.json.gz, meta.json, ops.txt, steps.jsonl) is saved.
+Prints the bundle path (with --json: bundle, steps_requested, steps_captured,
+trace_bytes, events, export_s).  Exits non-zero with the reason on failure.
+
+ops  = CPU + device activities only (operators, launches, copies, syncs, timeline)
+full = also record_shapes, profile_memory and with_stack (shapes, allocations, stacks)
+Start small (one representative step or speculative round); profiled timings are not
+a baseline."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", help="tcp://HOST:PORT or vllm+http://HOST:PORT")
+    p.add_argument("--steps", type=int, default=8, metavar="N", help="complete steps to capture (default 8)")
+    p.add_argument("--mode", choices=("ops", "full"), default="ops", help="ops (default) or full")
+    p.add_argument("--label", default=None, help="label added to the bundle folder name")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="give up after S seconds (default 300)")
+    add_target_options(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        print("rltperf capture: error: --steps must be at least 1", file=sys.stderr)
+        return 2
+    _, session = open_session(args.target, **target_options(args, reconnect=False))
+    prog = Progress(sys.stderr.isatty() or not args.json)
+    try:
+        cid = session.request_capture(args.steps, args.mode, args.label)
+        prog.show(f"capture {cid}: armed, waiting for the next step boundary")
+        deadline = time.monotonic() + args.timeout
+        exporting_since: float | None = None
+        while time.monotonic() < deadline:
+            for r in session.read(0.2):
+                if getattr(r, "capture_id", None) not in (cid, None):
+                    continue
+                if isinstance(r, CaptureStarted):
+                    prog.show(f"capture {cid}: capturing from step {r.first_step}" + (" (cold profiler)" if r.cold else ""))
+                elif isinstance(r, CaptureProgress):
+                    prog.show(f"capture {cid}: capturing {r.steps_done}/{r.steps} steps")
+                elif isinstance(r, CaptureExporting):
+                    exporting_since = time.monotonic()
+                elif isinstance(r, CaptureDone):
+                    prog.done()
+                    if args.json:
+                        print(json.dumps({
+                            "bundle": r.bundle, "steps_requested": r.steps_requested,
+                            "steps_captured": r.steps_captured, "trace_bytes": r.trace_bytes,
+                            "events": r.events, "export_s": r.export_s, "mode": r.mode,
+                        }, indent=2))  # fmt: skip
+                    else:
+                        print(r.bundle)
+                        print(
+                            f"  {r.steps_captured}/{r.steps_requested} steps, {r.mode}, "
+                            f"{r.trace_bytes / 1024:.0f} KiB trace, {r.events} events, export {r.export_s:.2f} s",
+                            file=sys.stderr,
+                        )
+                    return 0
+                elif isinstance(r, (CaptureFailed, Refused)):
+                    prog.done()
+                    where = f" (error kept in {r.bundle}/meta.json)" if getattr(r, "bundle", None) else ""
+                    print(f"rltperf capture: failed: {r.reason}{where}", file=sys.stderr)
+                    if args.json:
+                        print(json.dumps({"error": r.reason, "bundle": getattr(r, "bundle", None)}))
+                    return 1
+                elif isinstance(r, SessionEvent) and r.state in ("ended", "reconnecting"):
+                    prog.done()
+                    print(f"rltperf capture: the engine went away: {r.detail}", file=sys.stderr)
+                    return 1
+            if exporting_since is not None:
+                prog.show(f"capture {cid}: exporting ({time.monotonic() - exporting_since:.1f} s)")
+        prog.done()
+        print(f"rltperf capture: no result within {args.timeout:g} s (is the engine stepping?)", file=sys.stderr)
+        return 1
+    finally:
+        session.close()

@@ -1,0 +1,68 @@
+"""``rltperf summary FILE``: the numbers of a recording."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rltperf_tui.analysis.summary import load_recording, summarize
+
+HELP = "summarise a recording: step/gap/TTFT/TPOT percentiles, idle fraction, MBU, tokens/s"
+DESCRIPTION = """\
+Read a recording and print DESIGN.md's metrics over the whole of it: step time and
+gap P50/P95/P99, device idle fraction (1 - busy/wall), MBU (bytes / (wall x peak);
+null when no peak bandwidth is known), tokens/s, TTFT and TPOT percentiles of pooled
+samples, requests ok/failed, and records dropped.  JSON keys (--json): steps, wall_s,
+step_ms, gap_ms, idle_fraction, mbu, tokens_per_s, ttft_ms, tpot_ms, requests, dropped."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="recording (.rltrec)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--peak-gbps", type=float, default=None, help="peak memory bandwidth for MBU (overrides the engine's)")
+    p.add_argument("--peak-gflops", type=float, default=None, help="peak FLOP/s (GFLOP/s) for the roofline")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT SLO for goodput")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO for goodput")
+
+
+def _f(v: Any, fmt: str = "{:.3f}") -> str:
+    return "n/a" if v is None else fmt.format(v)
+
+
+def _p(d: dict[str, Any]) -> str:
+    return "  ".join(f"{k} {_f(v)}" for k, v in d.items())
+
+
+def run(args: argparse.Namespace) -> int:
+    stats, header, warning = load_recording(args.file, args.peak_gbps, args.peak_gflops)
+    out = summarize(stats, args.slo_ttft_ms, args.slo_tpot_ms)
+    if warning:
+        out["warning"] = warning
+        print(f"rltperf summary: warning: {warning}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    peak = out["peak"]
+    lines = [
+        f"{args.file}: {header.get('target', '?')} recorded {header.get('created_utc', '?')}",
+        f"engine      {out['engine']}" + ("  [random weights]" if out["random_weights"] else ""),
+        f"steps       {out['steps']} over {out['wall_s']:.2f} s ({_f(out['steps_per_s'], '{:.1f}')} steps/s), dropped {out['dropped']}",
+        f"step ms     {_p(out['step_ms'])}",
+        f"gap ms      {_p(out['gap_ms'])}",
+        f"idle        {_f(out['idle_fraction'], '{:.1%}')} of wall time (1 - device busy / wall)",
+        f"bandwidth   {_f(out['achieved_gbps'], '{:.2f}')} GB/s, MBU {_f(out['mbu'], '{:.1%}')}"
+        + (f" of {peak['bw_gbps']:.1f} GB/s ({peak['source']})" if peak and peak.get("bw_gbps") else " (no peak known: --peak-gbps)"),
+        f"verdict     {out['verdict']}",
+        f"tokens/s    {_f(out['tokens_per_s'], '{:.1f}')}",
+        f"TTFT ms     {_p(out['ttft_ms'])}",
+        f"TPOT ms     {_p(out['tpot_ms'])}",
+        f"requests    ok {out['requests']['ok']}  failed {out['requests']['failed']}"
+        + (f"  goodput {out['goodput_rps']:.2f} req/s" if out["goodput_rps"] is not None else ""),
+        "(percentiles of pooled samples over the whole recording)",
+    ]
+    if out["profiled_steps"]:
+        lines.append(f"note: {out['profiled_steps']} steps ran under the profiler; they are not baseline timings")
+    print("\n".join(lines))
+    return 0
