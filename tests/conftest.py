@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -37,9 +38,13 @@ class EngineProc:
         return self.proc.returncode
 
 
+ADDRESS_RE = re.compile(r"(?:^ADDRESS |tcp://)(\[[^\]]+\]:\d+|[^\s/:]+:\d+)")
+
+
 def start_engine(args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None,
                  timeout: float = 60.0) -> EngineProc:  # fmt: skip
-    """Start ``python <args>`` and wait for its ``ADDRESS host:port`` line."""
+    """Start ``python <args>`` and wait for a stdout line with ``ADDRESS host:port`` or
+    ``tcp://host:port`` (``args`` may start with ``-m module``)."""
     e = dict(os.environ)
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
     e.update(env or {})
@@ -60,8 +65,9 @@ def start_engine(args: list[str], cwd: Path | None = None, env: dict[str, str] |
             raise RuntimeError(f"engine exited early ({proc.returncode}): {err[-2000:]}")
         if sel.select(0.2):
             line = proc.stdout.readline()
-            if line.startswith("ADDRESS "):
-                return EngineProc(proc, line.split()[1])
+            m = ADDRESS_RE.search(line)
+            if m:
+                return EngineProc(proc, m.group(1))
     proc.kill()
     raise RuntimeError("engine did not print its address in time")
 
