@@ -393,6 +393,9 @@ class CaptureDone(_Rec, tag="cap_done"):
     """Export time, seconds."""
     mode: str = "ops"
     """``ops`` or ``full``."""
+    note: str | None = None
+    """Something the person should know about the bundle, e.g. that the engine could not
+    honour the requested mode (vLLM fixes shapes/stacks/memory at server start)."""
 
 
 class CaptureFailed(_Rec, tag="cap_failed"):
@@ -433,6 +436,76 @@ class SessionEvent(_Rec, tag="session"):
     """Monitor monotonic time."""
 
 
+class HistogramDelta(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Observations one Prometheus histogram gained during one scrape interval."""
+
+    bounds: list[float]
+    """Finite bucket upper bounds (``le``), ascending; the ``+Inf`` bucket is ``count``."""
+    counts: list[float]
+    """Cumulative observations at or below each bound, gained in the interval."""
+    count: float = 0.0
+    """Observations gained in the interval (the ``+Inf`` bucket)."""
+    sum: float = 0.0
+    """Sum of the observed values gained in the interval (seconds for latencies)."""
+
+
+class MetricsSample(_Rec, tag="metrics"):
+    """Engine-wide figures scraped from a metrics endpoint (vLLM's ``/metrics``), one per scrape.
+
+    Monitor-side (made by the vLLM HTTP adapter, never sent by a probe).  Counter fields
+    are what the counter gained since the previous scrape (``interval_s`` earlier), so
+    any window can be pooled exactly: rate = sum of gains / sum of intervals.  Latency
+    percentiles come from ``hist`` by linear interpolation inside a bucket: they are
+    *histogram estimates*, as precise as the server's bucket bounds.  ``None`` = the
+    server does not export that metric.
+    """
+
+    ts_ns: int
+    """Monitor monotonic time the scrape's answer arrived."""
+    interval_s: float
+    """Seconds since the previous scrape (the denominator of this sample's rates)."""
+    source: str = ""
+    """Where the figures come from, e.g. ``"vllm /metrics"``."""
+    generation_tokens: float = 0.0
+    """Output tokens generated in the interval (``vllm:generation_tokens_total``)."""
+    prompt_tokens: float = 0.0
+    """Prompt tokens processed in the interval (``vllm:prompt_tokens_total``)."""
+    requests_finished: dict[str, float] = {}
+    """Requests finished in the interval by finish reason (stop, length, abort, error...)."""
+    steps: float = 0.0
+    """Engine steps in the interval (observations of ``vllm:iteration_tokens_total``)."""
+    step_tokens: float = 0.0
+    """Tokens those steps processed (sum of ``vllm:iteration_tokens_total``)."""
+    preemptions: float = 0.0
+    """Requests preempted in the interval."""
+    prefix_queries: float = 0.0
+    """Prefix-cache token queries in the interval."""
+    prefix_hits: float = 0.0
+    """Prefix-cache token hits in the interval."""
+    running: float | None = None
+    """Requests running at the scrape (gauge)."""
+    waiting: float | None = None
+    """Requests waiting at the scrape (gauge)."""
+    kv_usage: float | None = None
+    """KV-cache usage at the scrape, 0..1 (gauge)."""
+    read_bytes: float | None = None
+    """vLLM's estimate of bytes read per GPU in the interval (``--enable-mfu-metrics``), times
+    ``loop_factor``; None when the server does not estimate it."""
+    write_bytes: float | None = None
+    """vLLM's estimate of bytes written per GPU in the interval, times ``loop_factor``."""
+    flops: float | None = None
+    """vLLM's estimate of FLOPs per GPU in the interval, times ``loop_factor``."""
+    loop_factor: float = 1.0
+    """Correction applied to the estimates (a looped model's loop count), 1 when none."""
+    hist: dict[str, HistogramDelta] = {}
+    """Latency histograms gained in the interval: ``ttft``, ``itl``, ``tpot``, ``e2e``,
+    ``queue``, ``prefill``, ``decode`` (seconds); absent when nothing was observed."""
+    engines: int = 1
+    """Engine label sets summed into the sample (data-parallel engines)."""
+    notes: list[str] = []
+    """Caveats to show beside the figures (estimator limits, counter resets...)."""
+
+
 Record = Union[
     ClientHello,
     Capture,
@@ -451,6 +524,7 @@ Record = Union[
     Refused,
     Bye,
     SessionEvent,
+    MetricsSample,
 ]
 """Every record that can appear in a frame."""
 

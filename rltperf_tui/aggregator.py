@@ -39,6 +39,7 @@ from engine_adapters.records import (
     DeviceSample,
     EngineInfo,
     Hello,
+    MetricsSample,
     Record,
     Refused,
     RequestRecord,
@@ -47,6 +48,7 @@ from engine_adapters.records import (
     Stats,
     StepRecord,
 )
+from engine_adapters.vllm.histograms import PERCENTILE_METHOD, capped_percentiles, percentiles, pool
 from rltperf_tui import roofline
 
 MAX_STAGES = 24
@@ -184,6 +186,8 @@ class CaptureView:
     cold: bool = False
     exporting_since_ns: int | None = None
     requested_ns: int = 0
+    note: str | None = None
+    """From ``CaptureDone.note``: e.g. the engine could not honour the requested mode."""
 
 
 @dataclass
@@ -244,6 +248,44 @@ class Window:
 
 
 @dataclass
+class MetricsWindow:
+    """Engine-wide figures from ``MetricsSample`` records (a metrics endpoint such as vLLM's
+    ``/metrics``) over a window.  Rates are gains over the summed scrape intervals; latency
+    percentiles are histogram estimates (``percentile_method`` says so on screen)."""
+
+    seconds: float
+    span_s: float
+    samples: int
+    source: str
+    tokens_per_s: float | None
+    prompt_tokens_per_s: float | None
+    requests_per_s: float | None
+    steps_per_s: float | None
+    tokens_per_step: float | None
+    finished: dict[str, float]
+    preemptions: float
+    prefix_hit_rate: float | None
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None
+    latency_ms: dict[str, dict[str, float | None]]
+    latency_mean_ms: dict[str, float | None]
+    latency_samples: dict[str, int]
+    latency_capped: dict[str, list[str]]
+    achieved_gbps: float | None
+    achieved_gflops: float | None
+    mbu: float | None
+    mbu_overcount: bool
+    mbu_note: str | None
+    notes: list[str]
+    percentile_method: str = PERCENTILE_METHOD
+
+
+METRIC_LATENCIES = ("ttft", "itl", "tpot", "e2e", "queue", "prefill", "decode")
+"""Latency histograms a ``MetricsSample`` may carry (see ``MetricsWindow.latency_ms``)."""
+
+
+@dataclass
 class IdleGap:
     """A gap between steps longer than the threshold."""
 
@@ -285,6 +327,7 @@ class TargetStats:
         self.reqs = _Ring(max(1024, self.capacity // 4), _REQ_COLS, self.grow)
         self.gpu_util: deque[tuple[int, float]] = deque(maxlen=600)
         self.dram_util: deque[tuple[int, float]] = deque(maxlen=600)
+        self.metrics: deque[MetricsSample] = deque(maxlen=3600)
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -329,6 +372,9 @@ class TargetStats:
                 self.gpu_util.append((r.ts_ns, r.gpu_util))
             if r.dram_bw_util is not None:
                 self.dram_util.append((r.ts_ns, r.dram_bw_util))
+        elif isinstance(r, MetricsSample):
+            self.metrics.append(r)
+            self.now_ns = max(self.now_ns, r.ts_ns)
         elif isinstance(r, Hello):
             self.hello = r
             self.info = r.engine
@@ -374,6 +420,7 @@ class TargetStats:
             c.state = "saved"
             c.bundle, c.trace_bytes, c.events, c.export_s = r.bundle, r.trace_bytes, r.events, r.export_s
             c.steps_done = r.steps_captured
+            c.note = r.note
         elif isinstance(r, CaptureFailed):
             c.state, c.error, c.bundle = "failed", r.reason, r.bundle
 
@@ -745,3 +792,85 @@ class TargetStats:
         lo = self.now_ns - int(seconds * 1e9)
         vals = [v for t, v in self.gpu_util if t >= lo]
         return sum(vals) / len(vals) if vals else None
+
+    def latest_metrics(self) -> MetricsSample | None:
+        """The newest ``MetricsSample`` (vLLM over HTTP), or None."""
+        return self.metrics[-1] if self.metrics else None
+
+    def metrics_window(self, seconds: float | None = 10.0) -> MetricsWindow | None:
+        """Figures from the ``MetricsSample`` records of the last ``seconds`` of data time
+        (None: all kept); None when the target sends no such records."""
+        if not self.metrics:
+            return None
+        last = self.metrics[-1]
+        lo = None if seconds is None else last.ts_ns - int(seconds * 1e9)
+        win = [m for m in self.metrics if lo is None or m.ts_ns > lo]
+        span = sum(m.interval_s for m in win)
+
+        def rate(v: float) -> float | None:
+            return v / span if span > 0 else None
+
+        gen = sum(m.generation_tokens for m in win)
+        steps = sum(m.steps for m in win)
+        finished: dict[str, float] = {}
+        for m in win:
+            for k, v in m.requests_finished.items():
+                finished[k] = finished.get(k, 0.0) + v
+        queries = sum(m.prefix_queries for m in win)
+        lat: dict[str, dict[str, float | None]] = {}
+        lat_mean: dict[str, float | None] = {}
+        lat_n: dict[str, int] = {}
+        capped: dict[str, list[str]] = {}
+        for name in METRIC_LATENCIES:
+            pooled = pool(m.hist[name] for m in win if name in m.hist)
+            lat[name] = percentiles(pooled, scale=1e3)
+            mean = pooled.mean if pooled is not None else None
+            lat_mean[name] = mean * 1e3 if mean is not None else None
+            lat_n[name] = int(pooled.count) if pooled is not None else 0
+            cap = capped_percentiles(pooled)
+            if cap:
+                capped[name] = cap
+        est = [m for m in win if m.read_bytes is not None]
+        gbps = gflops = mbu = None
+        if est and span > 0:
+            est_span = sum(m.interval_s for m in est)
+            nbytes = sum((m.read_bytes or 0.0) + (m.write_bytes or 0.0) for m in est)
+            gbps = nbytes / est_span / 1e9 if est_span > 0 else None
+            fl = [m.flops for m in est if m.flops is not None]
+            gflops = sum(fl) / est_span / 1e9 if fl and est_span > 0 else None
+            ceiling = self.ceiling
+            if gbps is not None and ceiling is not None and ceiling.peak_bw_gbps:
+                mbu = gbps / ceiling.peak_bw_gbps
+        notes: list[str] = []
+        for m in win:
+            for n in m.notes:
+                if n not in notes:
+                    notes.append(n)
+        mbu_note = next((n for n in notes if "estimator" in n), None)
+        return MetricsWindow(
+            seconds=float(seconds) if seconds is not None else span,
+            span_s=span,
+            samples=len(win),
+            source=last.source,
+            tokens_per_s=rate(gen),
+            prompt_tokens_per_s=rate(sum(m.prompt_tokens for m in win)),
+            requests_per_s=rate(sum(finished.values())),
+            steps_per_s=rate(steps),
+            tokens_per_step=sum(m.step_tokens for m in win) / steps if steps > 0 else None,
+            finished=finished,
+            preemptions=sum(m.preemptions for m in win),
+            prefix_hit_rate=sum(m.prefix_hits for m in win) / queries if queries > 0 else None,
+            running=last.running,
+            waiting=last.waiting,
+            kv_usage=last.kv_usage,
+            latency_ms=lat,
+            latency_mean_ms=lat_mean,
+            latency_samples=lat_n,
+            latency_capped=capped,
+            achieved_gbps=gbps,
+            achieved_gflops=gflops,
+            mbu=mbu,
+            mbu_overcount=mbu is not None and mbu > 1.0,
+            mbu_note=mbu_note,
+            notes=notes,
+        )

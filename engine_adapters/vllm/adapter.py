@@ -1,0 +1,469 @@
+"""``vllm+http://host:port``: a live view of an unmodified vLLM server through its HTTP API.
+
+The session scrapes ``/metrics`` at a steady interval (default 1 s) in one thread —
+polls never overlap and the loop does not drift (``next += interval``) — and turns each
+pair of scrapes into a ``MetricsSample``: tokens, requests and engine steps gained, the
+queue and KV gauges, vLLM's byte/FLOP estimates (``--enable-mfu-metrics``) and the
+latency histograms' new observations (percentiles from them are histogram estimates).
+It starts with a ``Hello`` whose ``EngineInfo`` comes from ``/version``, ``/v1/models``
+and ``vllm:cache_config_info``.  It invents no steps or requests: per-step timing needs
+the rltperf vLLM plugin (``RLTPERF_PROBE``), attached with ``tcp://``.
+
+Captures go through vLLM's own profiler (``capture.py``).
+
+Options: ``interval`` (s, default 1), ``profiler_dir`` (the server's
+``torch_profiler_dir`` as seen from this host), ``snapshot_root`` (default
+``snapshots``), ``loop_count`` (a looped model's passes, to correct vLLM's byte
+estimate; default ``$RLTPERF_LOOP_COUNT``, else read from a local model's config.json), ``reconnect`` (default True), ``timeout`` (s per request, default 5).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from time import perf_counter_ns as _clk
+from typing import Any, ClassVar
+
+from engine_adapters.base import (
+    Adapter,
+    AdapterConnectionError,
+    AdapterTargetError,
+    Session,
+    new_capture_id,
+)
+from engine_adapters.records import (
+    SCHEMA_VERSION,
+    Ceiling,
+    EngineInfo,
+    Hello,
+    MetricsSample,
+    Record,
+    Refused,
+    SessionEvent,
+)
+from engine_adapters.vllm.capture import (
+    PROFILER_FLAG_HELP,
+    HttpCapture,
+    HttpCaptureJob,
+    profile_prefix,
+    validate_request,
+)
+from engine_adapters.vllm.http import HttpClient, ServerUnreachable
+from engine_adapters.vllm.info import build_info, loop_count_from, read_model_config
+from engine_adapters.vllm.metrics import (
+    CACHE_INFO,
+    MfuState,
+    Scrape,
+    ScrapeError,
+    counters_went_back,
+    derive,
+    parse_scrape,
+)
+
+DEFAULT_INTERVAL_S = 1.0
+BACKOFF_S = (0.5, 1.0, 2.0, 3.0)
+QUEUE_MAX = 4096
+_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0")
+
+
+def _local_ceiling() -> Ceiling | None:
+    """Peak figures of this host's device (calibration or spec table), for a local server."""
+    try:
+        from engine_adapters.ceilings import ceiling_for
+
+        name = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            try:
+                if pynvml.nvmlDeviceGetCount() > 0:
+                    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+                    n = pynvml.nvmlDeviceGetName(h)
+                    name = n.decode() if isinstance(n, bytes) else str(n)
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception:
+            name = None
+        if name is None:
+            return ceiling_for("cpu")
+        import socket
+
+        from engine_adapters.ceilings import load_calibrations, spec_ceiling
+
+        cal = load_calibrations().get(f"{socket.gethostname()}|{name}")
+        if cal:
+            return Ceiling(device=name, peak_bw_gbps=cal.get("copy_gbps"), peak_gflops=cal.get("matmul_gflops"),
+                           dtype=cal.get("dtype"), source="calibration")  # fmt: skip
+        return spec_ceiling(name)
+    except Exception:
+        return None
+
+
+class VllmSession(Session):
+    """A live session on one vLLM server (see the module docstring)."""
+
+    def __init__(self, adapter: VllmAdapter) -> None:
+        self.target = adapter.target
+        self.adapter = adapter
+        self.base_url = adapter.base_url
+        self.http = HttpClient(adapter.base_url, timeout=adapter.timeout)
+        self.interval = adapter.interval
+        self.profiler_dir: str | None = adapter.profiler_dir
+        self.snapshot_root = os.path.abspath(adapter.snapshot_root)
+        self.reconnect = adapter.reconnect
+        self.info: EngineInfo | None = None
+        self.hello: Hello | None = None
+        self.profiler_available: bool | None = None
+        self.loop_count: int | None = adapter.loop_count
+        self.loop_known = adapter.loop_count is not None
+        self.adapter_loop_given = adapter.loop_count is not None
+        self.last_sample: MetricsSample | None = None
+        self._q: queue.Queue[Record] = queue.Queue(QUEUE_MAX)
+        self._dropped = 0
+        self._stop = threading.Event()
+        self._prev: Scrape | None = None
+        self._mfu = MfuState()
+        self._state = "connecting"
+        self._ended = False
+        self._lock = threading.Lock()
+        self._capture: HttpCapture | None = None
+        self._thread: threading.Thread | None = None
+        self.polls = 0
+        self.poll_errors = 0
+        self.last_poll_s = 0.0
+
+    # -- connection and metadata ---------------------------------------------------------------
+
+    def open(self) -> None:
+        """Reach the server, learn its metadata and take the first scrape (raises
+        ``AdapterConnectionError``); then start the polling thread."""
+        try:
+            first = self._connect_once()
+        except ServerUnreachable as exc:
+            raise AdapterConnectionError(str(exc)) from None
+        self._post(
+            SessionEvent(state="connected", detail=f"connected to vLLM at {self.base_url}", ts_ns=_clk())
+        )
+        assert self.hello is not None
+        self._post(self.hello)
+        self._prev = first
+        self._thread = threading.Thread(target=self._poll_loop, name="rltperf-vllm-poll", daemon=True)
+        self._thread.start()
+
+    def _connect_once(self) -> Scrape:
+        status, body = self.http.request("GET", "/metrics")
+        if status != 200:
+            raise ServerUnreachable(
+                f"{self.base_url}/metrics answered HTTP {status}: is this a vLLM server (and the right port)?"
+            )
+        try:
+            scrape = parse_scrape(body.decode("utf-8", "replace"), _clk())
+        except ScrapeError as exc:
+            raise ServerUnreachable(f"{self.base_url}/metrics: {exc}") from None
+        if not scrape.has_vllm:
+            raise ServerUnreachable(
+                f"{self.base_url}/metrics has no vllm:* metrics: this is not a vLLM server "
+                "(or it runs with --disable-log-stats)"
+            )
+        version = None
+        v = self.http.get_json("/version")
+        if isinstance(v, dict):
+            version = v.get("version")
+        models_doc = self.http.get_json("/v1/models")
+        models = models_doc.get("data", []) if isinstance(models_doc, dict) else []
+        root = models[0].get("root") if models else None
+        local = self.http.host in _LOOPBACK
+        config = read_model_config(root) if local else None
+        loop_source = "given to rltperf"
+        if self.loop_count is None or not self.adapter_loop_given:
+            found = loop_count_from(config)
+            self.loop_count = found
+            self.loop_known = found is not None
+            loop_source = f"from {root}/config.json"
+        info = build_info(
+            self.base_url,
+            version,
+            models,
+            scrape.info.get(CACHE_INFO),
+            self.loop_count,
+            config,
+            local,
+            loop_source,
+        )
+        self.profiler_available = self._has_profiler_routes()
+        caps = ["metrics"]
+        if self.profiler_available is not False:
+            caps.append("capture")
+        self.info = info
+        self.hello = Hello(
+            schema=SCHEMA_VERSION,
+            engine=info,
+            stage_names=[],
+            probe_version="",
+            wall_minus_mono_ns=time.time_ns() - _clk(),
+            ceiling=_local_ceiling() if local else None,
+            started_ns=_clk(),
+            capabilities=caps,
+        )
+        return scrape
+
+    def _has_profiler_routes(self) -> bool | None:
+        """Whether the server serves /start_profile (from its OpenAPI schema; None: unknown)."""
+        try:
+            doc = self.http.get_json("/openapi.json")
+        except ServerUnreachable:
+            return None
+        if not isinstance(doc, dict) or not isinstance(doc.get("paths"), dict):
+            return None
+        return "/start_profile" in doc["paths"]
+
+    # -- polling thread ------------------------------------------------------------------------
+
+    def _post(self, rec: Record) -> None:
+        try:
+            self._q.put_nowait(rec)
+        except queue.Full:  # the reader stalled: drop the oldest sample, never block the poller
+            try:
+                self._q.get_nowait()
+                self._dropped += 1
+            except queue.Empty:
+                pass
+            try:
+                self._q.put_nowait(rec)
+            except queue.Full:
+                self._dropped += 1
+
+    def _poll_loop(self) -> None:
+        nxt = time.monotonic() + self.interval
+        attempt = 0
+        while not self._stop.is_set():
+            delay = nxt - time.monotonic()
+            if delay > 0 and self._stop.wait(delay):
+                break
+            t0 = time.monotonic()
+            if self._state == "reconnecting":
+                ok = self._try_reconnect()
+                if not ok:
+                    attempt += 1
+                    nxt = time.monotonic() + BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+                    continue
+                attempt = 0
+            else:
+                self._poll_once()
+            self.last_poll_s = time.monotonic() - t0
+            # next += interval keeps the phase; a scrape that overran skips the missed ticks
+            nxt += self.interval
+            now = time.monotonic()
+            if nxt < now:
+                nxt += ((now - nxt) // self.interval + 1) * self.interval
+
+    def _poll_once(self) -> None:
+        self.polls += 1
+        try:
+            status, body = self.http.request("GET", "/metrics")
+            if status != 200:
+                raise ServerUnreachable(f"{self.base_url}/metrics answered HTTP {status}")
+            cur = parse_scrape(body.decode("utf-8", "replace"), _clk())
+        except (ServerUnreachable, ScrapeError) as exc:
+            self.poll_errors += 1
+            self._lost(str(exc))
+            return
+        prev = self._prev
+        self._prev = cur
+        if prev is None:
+            return
+        if counters_went_back(prev, cur):
+            self._mfu = MfuState()
+            self._post(SessionEvent(state="connected", ts_ns=_clk(),
+                                    detail="the vLLM server's counters went back: it restarted; figures start anew"))  # fmt: skip
+            return
+        sample = derive(prev, cur, self._mfu, float(self.loop_count or 1), self.loop_known)
+        self.last_sample = sample
+        self._post(sample)
+
+    def _lost(self, why: str) -> None:
+        self._prev = None
+        if not self.reconnect:
+            self._state = "ended"
+            self._ended = True
+            self._post(SessionEvent(state="ended", detail=why, ts_ns=_clk()))
+            self._stop.set()
+            return
+        self._state = "reconnecting"
+        self._post(SessionEvent(state="reconnecting", detail=why, ts_ns=_clk()))
+
+    def _try_reconnect(self) -> bool:
+        try:
+            first = self._connect_once()
+        except ServerUnreachable:
+            return False
+        self._prev = first
+        self._mfu = MfuState()
+        self._state = "connected"
+        self._post(
+            SessionEvent(state="connected", detail=f"reconnected to vLLM at {self.base_url}", ts_ns=_clk())
+        )
+        assert self.hello is not None
+        self._post(self.hello)
+        return True
+
+    # -- used by captures ----------------------------------------------------------------------
+
+    def scrape_steps(self) -> float | None:
+        """A fresh read of the server's cumulative engine steps (None when unavailable)."""
+        try:
+            status, body = self.http.request("GET", "/metrics")
+            if status != 200:
+                return None
+            return parse_scrape(body.decode("utf-8", "replace"), _clk()).steps()
+        except (ServerUnreachable, ScrapeError):
+            return None
+
+    def capture_blocker(self) -> str | None:
+        """Why a capture cannot run here, or None."""
+        if self.profiler_available is False:
+            return (
+                f"the vLLM server at {self.base_url} was started without --profiler-config, so it has no "
+                f"/start_profile; restart it with {PROFILER_FLAG_HELP} and give rltperf the same directory "
+                "with --profiler-dir"
+            )
+        if not self.profiler_dir:
+            return (
+                "rltperf needs the server's trace directory to gather the capture: pass --profiler-dir DIR "
+                "(the torch_profiler_dir of the server's --profiler-config, as seen from this host)"
+            )
+        if not os.path.isdir(self.profiler_dir):
+            return (
+                f"--profiler-dir {self.profiler_dir} is not a directory on this host: rltperf gathers vLLM's "
+                "traces from the server's torch_profiler_dir (same host or a shared mount)"
+            )
+        return None
+
+    def _live(self) -> dict[str, Any]:
+        s = self.last_sample
+        if s is None or s.interval_s <= 0:
+            return {}
+        return {
+            "source": s.source,
+            "interval_s": round(s.interval_s, 3),
+            "tokens_per_s": round(s.generation_tokens / s.interval_s, 3),
+            "steps_per_s": round(s.steps / s.interval_s, 3),
+            "running": s.running,
+            "waiting": s.waiting,
+            "kv_usage": s.kv_usage,
+        }
+
+    def _capture_finished(self, cap: HttpCapture) -> None:
+        with self._lock:
+            if self._capture is cap:
+                self._capture = None
+
+    # -- Session API ---------------------------------------------------------------------------
+
+    def read(self, timeout: float) -> list[Record]:
+        out: list[Record] = []
+        try:
+            out.append(self._q.get(timeout=max(0.0, timeout)))
+        except queue.Empty:
+            return out
+        while True:
+            try:
+                out.append(self._q.get_nowait())
+            except queue.Empty:
+                return out
+
+    def request_capture(self, steps: int, mode: str = "ops", label: str | None = None) -> str:
+        cid = new_capture_id()
+        bad = validate_request(steps, mode)
+        if bad:
+            self._post(Refused(reason=bad, capture_id=cid))
+            return cid
+        with self._lock:
+            running = self._capture
+            if running is not None:
+                self._post(Refused(
+                    reason=f"a capture is already running ({running.job.capture_id}: {running.job.state}); one at a time",
+                    capture_id=cid,
+                ))  # fmt: skip
+                return cid
+            from engine_adapters.probe.capture import sanitize_label
+
+            lab = sanitize_label(label)
+            job = HttpCaptureJob(
+                capture_id=cid, steps=steps, mode=mode, label=lab, prefix=profile_prefix(cid, lab),
+                requested_ns=_clk(), live_at_trigger=self._live(),
+            )  # fmt: skip
+            cap = HttpCapture(self, job)
+            self._capture = cap
+        cap.start()
+        return cid
+
+    def close(self) -> None:
+        """Stop polling; a capture in flight still sends /stop_profile (waited for briefly)."""
+        self._stop.set()
+        cap = self._capture
+        if cap is not None:
+            cap.cancel.set()
+            cap.join(10.0)
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(self.adapter.timeout + 1.0)
+        self._ended = True
+
+    @property
+    def ended(self) -> bool:
+        return self._ended and self._q.empty()
+
+    @property
+    def state(self) -> str:
+        """``connecting``, ``connected``, ``reconnecting`` or ``ended``."""
+        return self._state
+
+
+class VllmAdapter(Adapter):
+    """``vllm+http://HOST:PORT``: metrics, metadata and captures of a vLLM server over HTTP."""
+
+    NAME: ClassVar[str] = "vllm"
+    SCHEMES: ClassVar[tuple[str, ...]] = ("vllm+http://", "vllm+https://")
+    SUPPORTS_CAPTURE: ClassVar[bool] = True
+    SUPPORTS_RECONNECT: ClassVar[bool] = True
+    DESCRIPTION: ClassVar[str] = (
+        "vLLM server over HTTP: /metrics rates, latency histograms (estimates), KV, MBU; captures via its profiler"
+    )
+
+    def __init__(self, target: str, **options: Any) -> None:
+        super().__init__(target, **options)
+        scheme, sep, rest = target.partition("://")
+        if not sep or scheme not in ("vllm+http", "vllm+https") or not rest.strip("/"):
+            raise AdapterTargetError(f"bad target {target!r}: expected vllm+http://HOST:PORT")
+        self.base_url = f"{scheme[len('vllm+') :]}://{rest.rstrip('/')}"
+        try:
+            HttpClient(self.base_url)
+        except ValueError as exc:
+            raise AdapterTargetError(f"bad target {target!r}: {exc}") from None
+        try:
+            self.interval = float(options.get("interval") or DEFAULT_INTERVAL_S)
+            self.timeout = float(options.get("timeout") or 5.0)
+            lc = options.get("loop_count") or os.environ.get("RLTPERF_LOOP_COUNT") or None
+            self.loop_count: int | None = int(lc) if lc is not None else None
+        except (TypeError, ValueError) as exc:
+            raise AdapterTargetError(f"bad option for {target!r}: {exc}") from None
+        if self.interval < 0.05:
+            raise AdapterTargetError(f"interval {self.interval:g} s is too short (at least 0.05 s)")
+        if self.loop_count is not None and self.loop_count < 1:
+            raise AdapterTargetError(f"loop_count must be at least 1, not {self.loop_count}")
+        pdir = options.get("profiler_dir")
+        self.profiler_dir: str | None = os.path.abspath(os.path.expanduser(pdir)) if pdir else None
+        self.snapshot_root: str = str(options.get("snapshot_root") or "snapshots")
+        self.reconnect: bool = bool(options.get("reconnect", True))
+
+    def connect(self) -> VllmSession:
+        s = VllmSession(self)
+        s.open()
+        return s
+
+
+__all__ = ["VllmAdapter", "VllmSession"]

@@ -1,0 +1,566 @@
+"""Captures through vLLM's own profiler: ``/start_profile`` → N steps → ``/stop_profile`` → bundle.
+
+vLLM 0.32 profiles inside its worker processes.  ``POST /start_profile`` with
+``{"max_iterations": N, "profile_prefix": P}`` starts ``torch.profiler`` in every worker
+(and in the API server unless ``ignore_frontend``); each worker annotates every model
+execution (``execute_context_<n>(<tok>)_generation_<n>(<tok>)``) and stops by itself
+after N of them, writing ``P_rank<r>.<ns>.pt.trace.json.gz`` and
+``P_rank<r>.profiler_out.txt`` into the server's ``torch_profiler_dir``.  The front end's
+trace is written at ``POST /stop_profile``, which must always be sent: until it is, the
+server answers a new start with 409.
+
+Shapes, stacks and memory are fixed by the server's ``--profiler-config`` at start; the
+bundle's ``meta.json`` records what the trace shows the server actually did, and the
+``CaptureDone`` note says when the requested mode could not be honoured.
+
+Everything here runs in the capture's own thread; ``read()`` is never blocked.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from time import perf_counter_ns as _clk
+from typing import TYPE_CHECKING, Any
+
+from engine_adapters.probe.bundle import BUNDLE_FORMAT, _os_error_text, _rename_unique, bundle_name
+from engine_adapters.probe.capture import MAX_CAPTURE_STEPS, sanitize_label
+from engine_adapters.probe.contract import build_contract
+from engine_adapters.records import (
+    CaptureDone,
+    CaptureExporting,
+    CaptureFailed,
+    CaptureProgress,
+    CaptureStarted,
+    to_builtins,
+)
+from engine_adapters.vllm.http import ServerUnreachable, error_text
+
+if TYPE_CHECKING:
+    from engine_adapters.vllm.adapter import VllmSession
+
+log = logging.getLogger("rltperf.vllm.capture")
+
+NO_STEP_TIMEOUT_S = 60.0
+"""A capture whose engine runs no step for this long is stopped and fails (idle server)."""
+EXPORT_TIMEOUT_S = 900.0
+"""Longest wait for the server's trace export (full mode, many steps: minutes)."""
+POLL_S = 0.05
+SCRAPE_S = 0.5
+"""How often the capture thread reads the server's step count during the window."""
+STOP_GRACE_S = 2.0
+"""After the metrics show N steps, how long to wait for the workers' own stop."""
+STEP_ANNOTATION = re.compile(r"^execute_(?:\d+_)?context_\d+\(")
+"""vLLM's per-step annotation in worker traces (plain and ``detailed_trace_annotation``)."""
+PROFILER_FLAG_HELP = '--profiler-config \'{"profiler": "torch", "torch_profiler_dir": "/abs/dir"}\''
+
+
+@dataclass
+class HttpCaptureJob:
+    """One capture through the server's profiler."""
+
+    capture_id: str
+    steps: int
+    mode: str
+    label: str
+    prefix: str
+    requested_ns: int
+    live_at_trigger: dict[str, Any] = field(default_factory=dict)
+    state: str = "armed"
+    start_call_s: float | None = None
+    stop_call_s: float | None = None
+    steps_at_start: float | None = None
+    started_ns: int | None = None
+    window_end_ns: int | None = None
+    export_start_ns: int | None = None
+    error: str | None = None
+    stop_sent: bool = False
+
+
+@dataclass
+class TraceFacts:
+    """What a worker trace shows the profiler did."""
+
+    events: int = 0
+    annotations: list[dict[str, Any]] = field(default_factory=list)
+    record_shapes: bool = False
+    with_stack: bool = False
+    profile_memory: bool = False
+    with_flops: bool = False
+    device_activities: list[str] = field(default_factory=list)
+    vllm_version: str | None = None
+
+
+def trace_facts(path: str) -> TraceFacts:
+    """Read a (gzipped) Chrome trace: events, step annotations, what was recorded."""
+    opener: Callable[..., Any] = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = json.load(f)
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    facts = TraceFacts(events=len(events))
+    device = set()
+    for e in events:
+        if not isinstance(e, dict):
+            continue
+        cat = e.get("cat")
+        name = str(e.get("name", ""))
+        if cat == "user_annotation" and e.get("ph") == "X" and STEP_ANNOTATION.match(name):
+            facts.annotations.append(
+                {"name": name, "ts_us": e.get("ts"), "dur_ms": round(e.get("dur", 0) / 1e3, 4)}
+            )
+        elif cat == "python_function":
+            facts.with_stack = True
+        elif name == "[memory]":
+            facts.profile_memory = True
+        elif cat in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"):
+            device.add(str(cat))
+        args = e.get("args")
+        if isinstance(args, dict) and not facts.record_shapes and args.get("Input Dims"):
+            facts.record_shapes = True
+        if isinstance(args, dict) and not facts.with_flops and "flops" in args:
+            facts.with_flops = True
+    facts.annotations.sort(key=lambda a: a.get("ts_us") or 0)
+    facts.device_activities = sorted(device)
+    if isinstance(data, dict):
+        v = data.get("vllm_version")
+        facts.vllm_version = str(v) if v is not None else None
+    return facts
+
+
+def mode_note(requested: str, facts: TraceFacts) -> str | None:
+    """A sentence when the server's fixed profiler settings differ from the requested mode."""
+    did = {"record_shapes": facts.record_shapes, "profile_memory": facts.profile_memory,
+           "with_stack": facts.with_stack}  # fmt: skip
+    want = requested == "full"
+    wrong = [k for k, v in did.items() if v != want]
+    if not wrong:
+        return None
+    on = ", ".join(k for k, v in did.items() if v) or "none"
+    cfg = {"record_shapes": "torch_profiler_record_shapes", "profile_memory": "torch_profiler_with_memory",
+           "with_stack": "torch_profiler_with_stack"}  # fmt: skip
+    fix = ", ".join(f'"{cfg[k]}": {"true" if want else "false"}' for k in wrong)
+    return (
+        f"requested {requested} mode, but the vLLM server's --profiler-config fixes what is recorded "
+        f"(this trace has: {on}); restart the server with {fix} in --profiler-config to get {requested} mode"
+    )
+
+
+def _list_prefixed(directory: str, prefix: str) -> dict[str, int]:
+    """Files in ``directory`` starting with ``prefix + '_'`` and their sizes."""
+    out: dict[str, int] = {}
+    try:
+        with os.scandir(directory) as it:
+            for ent in it:
+                if ent.name.startswith(prefix + "_") and ent.is_file():
+                    try:
+                        out[ent.name] = ent.stat().st_size
+                    except OSError:
+                        pass
+    except OSError:
+        pass
+    return out
+
+
+def _is_trace(name: str) -> bool:
+    return name.endswith(".pt.trace.json.gz") or name.endswith(".pt.trace.json")
+
+
+def _is_frontend(name: str) -> bool:
+    return ".async_llm." in name
+
+
+_RANK = re.compile(r"rank(\d+)")
+
+
+def _rank_of(name: str) -> int:
+    m = _RANK.search(name)
+    return int(m.group(1)) if m else 0
+
+
+class HttpCapture(threading.Thread):
+    """Runs one capture against a vLLM server and writes its bundle (see module docstring)."""
+
+    def __init__(self, session: VllmSession, job: HttpCaptureJob) -> None:
+        super().__init__(name=f"rltperf-vllm-capture-{job.capture_id}", daemon=True)
+        self.session = session
+        self.job = job
+        self.post = session._post
+        self.cancel = threading.Event()
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        job = self.job
+        try:
+            self._run()
+        except Exception as exc:  # a bug guard: the person still gets a sentence
+            log.exception("vLLM capture crashed")
+            job.error = job.error or f"capture crashed: {type(exc).__name__}: {exc}"
+            self.post(CaptureFailed(capture_id=job.capture_id, reason=job.error))
+        finally:
+            if job.state not in ("saved", "failed"):
+                job.state = "failed"
+            self.session._capture_finished(self)
+
+    def _run(self) -> None:
+        s = self.session
+        job = self.job
+        pdir = s.profiler_dir
+        reason = s.capture_blocker()
+        if reason:
+            job.state = "failed"
+            job.error = reason
+            self.post(CaptureFailed(capture_id=job.capture_id, reason=reason))
+            return
+        assert pdir is not None
+        job.steps_at_start = s.scrape_steps()
+        t0 = time.perf_counter()
+        try:
+            status, body = s.http.request(
+                "POST",
+                "/start_profile",
+                {"max_iterations": job.steps, "profile_prefix": job.prefix},
+                timeout=120,
+            )
+        except ServerUnreachable as exc:
+            self._fail(f"cannot start the profiler: {exc}")
+            return
+        job.start_call_s = time.perf_counter() - t0
+        if status == 404:
+            s.profiler_available = False
+            self._fail(
+                f"the vLLM server at {s.base_url} has no /start_profile: it was started without "
+                f"--profiler-config; restart it with {PROFILER_FLAG_HELP} and give rltperf the same "
+                "directory with --profiler-dir"
+            )
+            return
+        if status == 409:
+            self._fail(
+                "the server says a profiling session is already active (409): another client is capturing, "
+                f"or an earlier session never sent /stop_profile; if nobody else is, run "
+                f"`curl -X POST {s.base_url}/stop_profile` and try again"
+            )
+            return
+        if status != 200:
+            self._fail(f"the server refused /start_profile ({status}): {error_text(body)}")
+            return
+        job.started_ns = _clk()
+        job.state = "capturing"
+        cold = (job.start_call_s or 0.0) >= 0.5
+        self.post(
+            CaptureStarted(
+                capture_id=job.capture_id,
+                first_step=int(job.steps_at_start or 0) + 1,
+                steps=job.steps,
+                mode=job.mode,
+                cold=cold,
+            )
+        )
+        try:
+            self._wait_window(pdir)
+        finally:
+            self._stop()
+        if job.error and not _list_prefixed(pdir, job.prefix):
+            self.post(CaptureFailed(capture_id=job.capture_id, reason=job.error))
+            job.state = "failed"
+            return
+        self._bundle(pdir)
+
+    def _wait_window(self, pdir: str) -> None:
+        """Until a worker trace appears (the workers stopped by themselves after N steps),
+        the metrics say N steps ran and none appeared within ``STOP_GRACE_S`` (the load
+        paused right after the window: /stop_profile then makes the workers export), or a
+        timeout."""
+        s = self.session
+        job = self.job
+        done_last = -1
+        last_progress = time.monotonic()
+        last_steps = job.steps_at_start
+        next_scrape = 0.0
+        done_at: float | None = None
+        while not self.cancel.is_set():
+            files = _list_prefixed(pdir, job.prefix)
+            if any(_is_trace(n) and not _is_frontend(n) for n in files):
+                self._exporting()
+                return
+            now = time.monotonic()
+            if now >= next_scrape:
+                next_scrape = now + SCRAPE_S
+                cur = s.scrape_steps()
+                if cur is not None and last_steps is not None and cur > last_steps:
+                    last_progress = now
+                    last_steps = cur
+                if cur is not None and job.steps_at_start is not None:
+                    done = int(min(job.steps, max(0.0, cur - job.steps_at_start)))
+                    if done != done_last and done > 0:
+                        self.post(
+                            CaptureProgress(capture_id=job.capture_id, steps_done=done, steps=job.steps)
+                        )
+                    done_last = done
+                    if done >= job.steps and done_at is None:
+                        done_at = now
+                        self._exporting()  # the workers export at their next step
+            if done_at is not None and now - done_at > STOP_GRACE_S:
+                return  # _stop() makes the workers stop and export
+            if job.export_start_ns is None and now - last_progress > NO_STEP_TIMEOUT_S:
+                job.error = (
+                    f"the server ran no engine step within {NO_STEP_TIMEOUT_S:.0f} s "
+                    "(idle server? send it requests during the capture)"
+                )
+                return
+            time.sleep(POLL_S)
+        job.error = job.error or "the capture was cancelled (session closed)"
+
+    def _exporting(self) -> None:
+        job = self.job
+        if job.export_start_ns is None:
+            job.window_end_ns = job.export_start_ns = _clk()
+            job.state = "exporting"
+            self.post(CaptureProgress(capture_id=job.capture_id, steps_done=job.steps, steps=job.steps))
+            self.post(CaptureExporting(capture_id=job.capture_id, since_ns=job.export_start_ns))
+
+    def _stop(self) -> None:
+        """Always tell the server to stop (it resets the session guard; 409 otherwise)."""
+        job = self.job
+        self._exporting()
+        t0 = time.perf_counter()
+        try:
+            status, body = self.session.http.request("POST", "/stop_profile", timeout=EXPORT_TIMEOUT_S)
+            if status != 200:
+                job.error = job.error or f"/stop_profile answered {status}: {error_text(body)}"
+        except ServerUnreachable as exc:
+            job.error = job.error or f"/stop_profile failed ({exc}): the server may still hold the session"
+        job.stop_sent = True
+        job.stop_call_s = time.perf_counter() - t0
+
+    def _fail(self, reason: str) -> None:
+        job = self.job
+        job.error = reason
+        job.state = "failed"
+        self.post(CaptureFailed(capture_id=job.capture_id, reason=reason))
+
+    # -- the bundle ------------------------------------------------------------------------
+
+    def _settled_files(self, pdir: str) -> dict[str, int]:
+        """The capture's files once their sizes stop changing (a trace may still be written)."""
+        job = self.job
+        prev = _list_prefixed(pdir, job.prefix)
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            cur = _list_prefixed(pdir, job.prefix)
+            if cur == prev and cur:
+                return cur
+            prev = cur
+        return prev
+
+    def _bundle(self, pdir: str) -> None:
+        s = self.session
+        job = self.job
+        files = self._settled_files(pdir)
+        root = s.snapshot_root
+        info = s.info
+        engine = info.name if info else "vllm"
+        final = os.path.join(root, bundle_name(engine, job.mode, job.steps, job.label))
+        tmp = os.path.join(root, f".tmp-{job.capture_id}-{os.getpid()}")
+        try:
+            os.makedirs(root, exist_ok=True)
+            os.mkdir(tmp)
+        except OSError as exc:
+            self._fail(_os_error_text(exc, f"the bundle under snapshot root {root}"))
+            return
+        workers = sorted((n for n in files if _is_trace(n) and not _is_frontend(n)), key=_rank_of)
+        frontends = sorted(n for n in files if _is_trace(n) and _is_frontend(n))
+        tables = sorted(
+            (n for n in files if n.endswith(".profiler_out.txt") and not _is_frontend(n)), key=_rank_of
+        )
+        out_files: dict[str, str] = {}
+        facts = TraceFacts()
+        trace_bytes = 0
+        t_read = time.perf_counter()
+        try:
+            if not workers:
+                job.error = (
+                    job.error or f"the server wrote no worker trace with prefix {job.prefix!r} into {pdir}"
+                )
+            for i, name in enumerate(workers):
+                dst = "trace.json.gz" if i == 0 else f"trace_rank{_rank_of(name)}.json.gz"
+                self._copy_gz(os.path.join(pdir, name), os.path.join(tmp, dst))
+                out_files[dst] = f"worker trace {name} (Chrome trace, Perfetto)"
+            if workers:
+                facts = self._read_facts(os.path.join(tmp, "trace.json.gz"))
+                trace_bytes = os.path.getsize(os.path.join(tmp, "trace.json.gz"))
+            for name in frontends[:1]:
+                self._copy_gz(os.path.join(pdir, name), os.path.join(tmp, "frontend.trace.json.gz"))
+                out_files["frontend.trace.json.gz"] = f"API-server trace {name}"
+            header = (
+                f"# rltperf capture {job.capture_id} through vLLM's profiler: {len(facts.annotations)} steps, "
+                f"requested {job.mode} mode (profiled timings: not a baseline)\n"
+                f"# vLLM's operator table {tables[0] if tables else '(none written)'}\n\n"
+            )
+            body = ""
+            if tables:
+                with open(os.path.join(pdir, tables[0]), encoding="utf-8", errors="replace") as f:
+                    body = f.read()
+            with open(os.path.join(tmp, "ops.txt"), "w", encoding="utf-8") as f:
+                f.write(header + (body or "# the server wrote no operator table\n"))
+            out_files["ops.txt"] = "operator table (vLLM profiler_out.txt)"
+        except OSError as exc:
+            job.error = job.error or _os_error_text(exc, "the bundle")
+        except ValueError as exc:
+            job.error = job.error or f"the server's trace is not readable JSON: {exc}"
+        read_s = time.perf_counter() - t_read
+        steps_captured = len(facts.annotations)
+        if not job.error and steps_captured != job.steps:
+            job.error = f"the trace holds {steps_captured} step annotations, {job.steps} were requested"
+        export_s = (_clk() - job.export_start_ns) / 1e9 if job.export_start_ns else 0.0
+        note = mode_note(job.mode, facts) if workers else None
+        meta = self._meta(facts, steps_captured, trace_bytes, export_s, read_s, out_files, files, note)
+        try:
+            with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+                json.dump(meta, f, indent=2, default=str)
+                f.write("\n")
+            path = _rename_unique(tmp, final)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self._fail(job.error or _os_error_text(exc, "meta.json"))
+            return
+        if job.error:
+            job.state = "failed"
+            self.post(CaptureFailed(capture_id=job.capture_id, reason=job.error, bundle=path))
+            return
+        job.state = "saved"
+        self.post(
+            CaptureDone(
+                capture_id=job.capture_id,
+                bundle=path,
+                steps_requested=job.steps,
+                steps_captured=steps_captured,
+                trace_bytes=trace_bytes,
+                events=facts.events,
+                export_s=round(export_s, 4),
+                mode=job.mode,
+                note=note,
+            )
+        )
+        log.info("vLLM capture %s -> %s", job.capture_id, path)
+
+    @staticmethod
+    def _copy_gz(src: str, dst: str) -> None:
+        """Copy a trace, gzipping it when the server wrote it uncompressed."""
+        if src.endswith(".gz"):
+            shutil.copyfile(src, dst)
+        else:
+            with open(src, "rb") as fi, gzip.open(dst, "wb", compresslevel=3) as fo:
+                shutil.copyfileobj(fi, fo, 1 << 20)
+
+    @staticmethod
+    def _read_facts(path: str) -> TraceFacts:
+        """Trace facts, retried briefly: the copy may have caught a trace still being written."""
+        err: Exception | None = None
+        for _ in range(3):
+            try:
+                return trace_facts(path)
+            except (OSError, EOFError, ValueError) as exc:
+                err = exc
+                time.sleep(0.5)
+        raise ValueError(f"{type(err).__name__}: {err}")
+
+    def _meta(
+        self,
+        facts: TraceFacts,
+        steps_captured: int,
+        trace_bytes: int,
+        export_s: float,
+        read_s: float,
+        out_files: dict[str, str],
+        server_files: dict[str, int],
+        note: str | None,
+    ) -> dict[str, Any]:
+        from engine_adapters import __version__
+        from engine_adapters.records import SCHEMA_VERSION, EngineInfo
+
+        s = self.session
+        job = self.job
+        info = s.info or EngineInfo(name="vllm")
+        full = job.mode == "full"
+        return {
+            "bundle_format": BUNDLE_FORMAT,
+            "rltperf_version": __version__,
+            "schema": SCHEMA_VERSION,
+            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "profiled": True,
+            "note": "Timings in this bundle were taken with vLLM's profiler on: they are not a baseline.",
+            "engine": to_builtins(info),
+            "stage_names": [],
+            "capture": {
+                "capture_id": job.capture_id,
+                "label": job.label or None,
+                "via": "vLLM's own profiler (POST /start_profile, /stop_profile)",
+                "mode": job.mode,
+                "mode_honoured": note is None if facts.events else None,
+                "mode_note": note,
+                "requested": {"record_shapes": full, "profile_memory": full, "with_stack": full},
+                "steps_requested": job.steps,
+                "steps_captured": steps_captured,
+                "step_ids": [],
+                "step_ids_note": (
+                    "vLLM's step annotations carry no engine step id; step_annotations lists them in order"
+                ),
+                "step_annotations": facts.annotations,
+                "record_shapes": facts.record_shapes,
+                "profile_memory": facts.profile_memory,
+                "with_stack": facts.with_stack,
+                "with_flops": facts.with_flops,
+                "settings_source": "read from the trace (the server's --profiler-config fixes them at start)",
+                "activities": ["cpu", *facts.device_activities],
+                "device_trace": bool(facts.device_activities),
+                "cold": (job.start_call_s or 0.0) >= 0.5,
+                "cold_basis": (
+                    f"POST /start_profile took {job.start_call_s or 0.0:.2f} s; >= 0.5 s means the server's "
+                    "profiler initialised on this start"
+                ),
+                "start_call_s": round(job.start_call_s or 0.0, 4),
+                "stop_call_s": round(job.stop_call_s or 0.0, 4),
+                "export_s": round(export_s, 4),
+                "trace_read_s": round(read_s, 4),
+                "trace_bytes": trace_bytes,
+                "events": facts.events,
+                "error": job.error,
+                "requested_ns": job.requested_ns,
+                "window_start_ns": job.started_ns,
+                "window_end_ns": job.window_end_ns,
+                "engine_steps_at_start": job.steps_at_start,
+                "profile_prefix": job.prefix,
+                "server_profiler_dir": s.profiler_dir,
+                "server_files": server_files,
+                "trace_vllm_version": facts.vllm_version,
+            },
+            "live_at_trigger": job.live_at_trigger,
+            "contract": build_contract(info),
+            "files": out_files,
+        }
+
+
+def validate_request(steps: int, mode: str) -> str | None:
+    """A reason to refuse a capture request, or None."""
+    if mode not in ("ops", "full"):
+        return f"unknown capture mode {mode!r}: use 'ops' or 'full'"
+    if not 1 <= steps <= MAX_CAPTURE_STEPS:
+        return f"capture length {steps} out of range: 1 to {MAX_CAPTURE_STEPS} steps"
+    return None
+
+
+def profile_prefix(capture_id: str, label: str) -> str:
+    """A ``profile_prefix`` vLLM accepts (alphanumeric first, ``[A-Za-z0-9._-]``, <= 128)."""
+    lab = sanitize_label(label)
+    return f"rltperf-{capture_id}" + (f"-{lab}" if lab else "")

@@ -1,0 +1,95 @@
+"""Percentiles from Prometheus histograms: pooling interval deltas and bucket interpolation.
+
+A Prometheus histogram only keeps cumulative counts at fixed bucket bounds, so a
+percentile taken from it is an *estimate*: the rank is located in its bucket and the
+value interpolated linearly between the bucket's bounds (the ``histogram_quantile``
+rule; the first bucket starts at 0).  A rank that falls in the ``+Inf`` bucket cannot be
+interpolated: the estimate is then the largest finite bound and ``capped`` says so.
+
+Pure Python, no numpy, no prometheus_client: the monitor's aggregator uses it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from engine_adapters.records import HistogramDelta
+
+PERCENTILE_METHOD = "histogram estimate (linear interpolation inside Prometheus buckets)"
+"""Label for every percentile computed here; the screen shows it beside the figures."""
+
+
+@dataclass
+class Pooled:
+    """Observations of one histogram pooled over a window."""
+
+    bounds: list[float]
+    counts: list[float]
+    count: float
+    sum: float
+
+    @property
+    def mean(self) -> float | None:
+        """Mean of the observations (exact: from the histogram's sum), None when empty."""
+        return self.sum / self.count if self.count > 0 else None
+
+
+def pool(deltas: Iterable[HistogramDelta]) -> Pooled | None:
+    """Sum interval deltas with identical bounds (a bounds change starts a new pool)."""
+    out: Pooled | None = None
+    for d in deltas:
+        if out is None or out.bounds != d.bounds:
+            out = Pooled(list(d.bounds), list(d.counts), d.count, d.sum)
+            continue
+        out.counts = [a + b for a, b in zip(out.counts, d.counts, strict=True)]
+        out.count += d.count
+        out.sum += d.sum
+    return out
+
+
+def quantile(
+    bounds: list[float], cumulative: list[float], total: float, q: float
+) -> tuple[float | None, bool]:
+    """Estimate the ``q`` quantile (0..1) from cumulative bucket counts.
+
+    Returns ``(value, capped)``; value is None without observations; ``capped`` is True
+    when the rank lies beyond the largest finite bound (value = that bound, a lower limit).
+    """
+    if total <= 0 or not bounds:
+        return None, False
+    rank = q * total
+    prev_bound = 0.0
+    prev_count = 0.0
+    for bound, cum in zip(bounds, cumulative, strict=True):
+        if cum >= rank and cum > prev_count:
+            frac = (rank - prev_count) / (cum - prev_count)
+            return prev_bound + (bound - prev_bound) * max(0.0, min(1.0, frac)), False
+        prev_bound = bound
+        prev_count = cum
+    return bounds[-1], True
+
+
+def percentiles(
+    pooled: Pooled | None, qs: Iterable[float] = (50, 95, 99), scale: float = 1.0
+) -> dict[str, float | None]:
+    """``{"p50": v, ...}`` estimates (times ``scale``, e.g. 1000 for ms); None when empty.
+
+    A value capped at the largest finite bound is still given (a lower limit); use
+    ``capped_percentiles`` to know which.
+    """
+    out: dict[str, float | None] = {}
+    for q in qs:
+        if pooled is None:
+            out[f"p{q:g}"] = None
+            continue
+        v, _ = quantile(pooled.bounds, pooled.counts, pooled.count, q / 100.0)
+        out[f"p{q:g}"] = None if v is None else v * scale
+    return out
+
+
+def capped_percentiles(pooled: Pooled | None, qs: Iterable[float] = (50, 95, 99)) -> list[str]:
+    """Names of the percentiles whose rank lies in the ``+Inf`` bucket (lower limits only)."""
+    if pooled is None:
+        return []
+    return [f"p{q:g}" for q in qs if quantile(pooled.bounds, pooled.counts, pooled.count, q / 100.0)[1]]

@@ -1,0 +1,89 @@
+"""A small HTTP client for the vLLM server (standard library only).
+
+Every call returns ``(status, body)`` or raises ``ServerUnreachable`` whose message is a
+sentence for the screen.  One connection per call: at 1 Hz on loopback that costs
+well under a millisecond and leaves no half-open socket behind after a server restart.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from typing import Any
+from urllib.parse import urlsplit
+
+
+class ServerUnreachable(Exception):
+    """The server could not be reached or did not answer in time."""
+
+
+class HttpClient:
+    """Calls to one ``http(s)://host:port`` base URL."""
+
+    def __init__(self, base_url: str, timeout: float = 5.0) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {base_url!r}")
+        self.scheme = parts.scheme
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.prefix = parts.path.rstrip("/")
+        self.timeout = timeout
+        self.base_url = f"{parts.scheme}://{parts.netloc}{self.prefix}"
+
+    def request(
+        self, method: str, path: str, body: Any = None, timeout: float | None = None
+    ) -> tuple[int, bytes]:
+        """One request; ``body`` (if any) is sent as JSON."""
+        conn_cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+        conn = conn_cls(self.host, self.port, timeout=timeout or self.timeout)
+        headers = {"Accept": "*/*", "User-Agent": "rltperf"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        where = f"{self.base_url}{path}"
+        try:
+            conn.request(method, self.prefix + path, body=data, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        except ConnectionRefusedError:
+            raise ServerUnreachable(
+                f"nothing listens at {self.base_url} (connection refused): is the vLLM server running there?"
+            ) from None
+        except TimeoutError:
+            raise ServerUnreachable(f"{where} did not answer within {timeout or self.timeout:g} s") from None
+        except socket.gaierror as exc:
+            raise ServerUnreachable(f"cannot resolve host {self.host!r}: {exc.strerror}") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise ServerUnreachable(f"{method} {where} failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            conn.close()
+
+    def get_json(self, path: str, timeout: float | None = None) -> Any:
+        """GET ``path`` and decode JSON; None on a non-200 answer or bad JSON."""
+        status, body = self.request("GET", path, timeout=timeout)
+        if status != 200:
+            return None
+        try:
+            return json.loads(body)
+        except ValueError:
+            return None
+
+
+def error_text(body: bytes, limit: int = 300) -> str:
+    """The server's error message from a JSON or text error body, shortened."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:limit]
+    if isinstance(data, dict):
+        for key in ("message", "detail", "error"):
+            v = data.get(key)
+            if isinstance(v, dict):
+                v = v.get("message", v)
+            if v:
+                return str(v)[:limit]
+    return text[:limit]

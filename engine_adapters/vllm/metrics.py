@@ -1,0 +1,287 @@
+"""vLLM's ``/metrics``: parse one scrape (prometheus_client's parser) and derive a sample.
+
+``parse_scrape(text)`` sums every ``vllm:*`` series over its label sets (engines, model
+names) into a ``Scrape`` of cumulative values; ``derive(prev, cur)`` turns two scrapes into
+one ``MetricsSample`` of what was gained in between (counters, histogram buckets) plus the
+gauges at ``cur``.  Names are vLLM 0.32's (see ``../shared/VLLM_CPU.md``); older aliases
+are tried where vLLM renamed a metric.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine_adapters.records import HistogramDelta, MetricsSample
+
+# Counters (sample names as exposed, with _total).
+GEN_TOKENS = "vllm:generation_tokens_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+REQUEST_SUCCESS = "vllm:request_success_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+READ_BYTES = "vllm:estimated_read_bytes_per_gpu_total"
+WRITE_BYTES = "vllm:estimated_write_bytes_per_gpu_total"
+FLOPS = "vllm:estimated_flops_per_gpu_total"
+# Gauges (first name found wins).
+RUNNING = ("vllm:num_requests_running",)
+WAITING = ("vllm:num_requests_waiting",)
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+CACHE_INFO = "vllm:cache_config_info"
+# Histograms: our short name -> vLLM family names (first found wins).
+ITERATION_TOKENS = "vllm:iteration_tokens_total"
+LATENCY_HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft": ("vllm:time_to_first_token_seconds",),
+    "itl": ("vllm:inter_token_latency_seconds",),
+    "tpot": ("vllm:request_time_per_output_token_seconds",),
+    "e2e": ("vllm:e2e_request_latency_seconds",),
+    "queue": ("vllm:request_queue_time_seconds",),
+    "prefill": ("vllm:request_prefill_time_seconds",),
+    "decode": ("vllm:request_decode_time_seconds",),
+}
+"""Latency histograms the sample carries (seconds)."""
+
+MFU_CAVEAT = (
+    "vLLM's byte/FLOP estimator counts num_hidden_layers once: a looped model's traffic is "
+    "under-counted by its loop count"
+)
+
+
+@dataclass
+class Histogram:
+    """A cumulative histogram summed over label sets (finite bounds only)."""
+
+    bounds: list[float]
+    counts: list[float]
+    count: float = 0.0
+    sum: float = 0.0
+
+
+@dataclass
+class Scrape:
+    """Cumulative values of one ``/metrics`` answer, every series summed over its labels."""
+
+    ts_ns: int
+    counters: dict[str, float] = field(default_factory=dict)
+    """Counter samples by sample name (``..._total``)."""
+    finished: dict[str, float] = field(default_factory=dict)
+    """``vllm:request_success_total`` by ``finished_reason``."""
+    gauges: dict[str, float] = field(default_factory=dict)
+    """Gauges summed over label sets (``vllm:kv_cache_usage_perc`` averaged instead)."""
+    hists: dict[str, Histogram] = field(default_factory=dict)
+    """Histograms by family name."""
+    info: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Labels of ``*_info`` gauges (first label set), e.g. ``vllm:cache_config_info``."""
+    engines: set[str] = field(default_factory=set)
+    """Values of the ``engine`` label seen."""
+
+    @property
+    def has_vllm(self) -> bool:
+        """True when the answer held any ``vllm:`` series."""
+        return bool(self.counters or self.gauges or self.hists or self.info)
+
+    def steps(self) -> float | None:
+        """Cumulative engine steps (observations of ``iteration_tokens_total``)."""
+        h = self.hists.get(ITERATION_TOKENS)
+        return h.count if h is not None else None
+
+
+class ScrapeError(ValueError):
+    """The answer is not a Prometheus exposition the parser understands."""
+
+
+def parse_scrape(text: str, ts_ns: int) -> Scrape:
+    """Parse a ``/metrics`` answer into a ``Scrape`` (only ``vllm:`` families are kept)."""
+    out = Scrape(ts_ns=ts_ns)
+    kv_n = 0
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as exc:  # the parser raises ValueError and friends on bad input
+        raise ScrapeError(f"not a Prometheus metrics page ({type(exc).__name__}: {exc})") from None
+    for fam in families:
+        if not fam.name.startswith("vllm:"):
+            continue
+        if fam.type == "counter":
+            for s in fam.samples:
+                if not s.name.endswith("_total"):
+                    continue
+                eng = s.labels.get("engine")
+                if eng is not None:
+                    out.engines.add(eng)
+                out.counters[s.name] = out.counters.get(s.name, 0.0) + s.value
+                if s.name == REQUEST_SUCCESS:
+                    reason = s.labels.get("finished_reason", "?")
+                    out.finished[reason] = out.finished.get(reason, 0.0) + s.value
+        elif fam.type == "gauge":
+            if fam.name.endswith("_info"):
+                if fam.samples and fam.name not in out.info:
+                    out.info[fam.name] = dict(fam.samples[0].labels)
+                continue
+            for s in fam.samples:
+                if s.name != fam.name:
+                    continue
+                if s.name in KV_USAGE:
+                    kv_n += 1
+                out.gauges[s.name] = out.gauges.get(s.name, 0.0) + s.value
+        elif fam.type == "histogram":
+            _add_histogram(out, fam)
+    for name in KV_USAGE:
+        if name in out.gauges and kv_n > 1:
+            out.gauges[name] /= kv_n  # a mean over engines, not a sum
+    return out
+
+
+def _add_histogram(out: Scrape, fam: object) -> None:
+    buckets: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
+    count = 0.0
+    total = 0.0
+    for s in fam.samples:  # type: ignore[attr-defined]
+        if s.name.endswith("_bucket"):
+            le = s.labels.get("le")
+            if le is None:
+                continue
+            key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+            buckets.setdefault(key, []).append((float(le), s.value))
+        elif s.name.endswith("_count"):
+            count += s.value
+        elif s.name.endswith("_sum"):
+            total += s.value
+    merged: Histogram | None = None
+    for series in buckets.values():
+        series.sort()
+        bounds = [b for b, _ in series if b != float("inf")]
+        counts = [c for b, c in series if b != float("inf")]
+        if merged is None:
+            merged = Histogram(bounds, counts)
+        elif merged.bounds == bounds:
+            merged.counts = [a + b for a, b in zip(merged.counts, counts, strict=True)]
+        # series with other bounds (should not happen within one family) are left out
+    if merged is None:
+        merged = Histogram([], [])
+    merged.count = count
+    merged.sum = total
+    out.hists[fam.name] = merged  # type: ignore[attr-defined]
+
+
+def _first(d: dict[str, float], names: tuple[str, ...]) -> float | None:
+    for n in names:
+        if n in d:
+            return d[n]
+    return None
+
+
+def counters_went_back(prev: Scrape, cur: Scrape) -> bool:
+    """True when a counter decreased: the server restarted (or its metrics were reset)."""
+    for name, v in prev.counters.items():
+        if cur.counters.get(name, v) < v - 1e-9:
+            return True
+    ps, cs = prev.steps(), cur.steps()
+    return ps is not None and cs is not None and cs < ps
+
+
+def _gain(prev: Scrape, cur: Scrape, name: str) -> float:
+    return max(0.0, cur.counters.get(name, 0.0) - prev.counters.get(name, 0.0))
+
+
+def _hist_delta(prev: Scrape, cur: Scrape, family: str) -> HistogramDelta | None:
+    c = cur.hists.get(family)
+    if c is None:
+        return None
+    p = prev.hists.get(family)
+    if p is None or p.bounds != c.bounds:
+        p = Histogram(c.bounds, [0.0] * len(c.counts))
+    n = c.count - p.count
+    if n <= 0:
+        return None
+    return HistogramDelta(
+        bounds=list(c.bounds),
+        counts=[max(0.0, a - b) for a, b in zip(c.counts, p.counts, strict=True)],
+        count=n,
+        sum=max(0.0, c.sum - p.sum),
+    )
+
+
+@dataclass
+class MfuState:
+    """Whether the server estimates bytes/FLOPs (``--enable-mfu-metrics``), learnt over time."""
+
+    seen_nonzero: bool = False
+
+    def observe(self, cur: Scrape) -> bool | None:
+        """True: estimating; False: counters stay 0 although steps ran; None: cannot tell yet."""
+        if cur.counters.get(READ_BYTES, 0.0) > 0 or cur.counters.get(FLOPS, 0.0) > 0:
+            self.seen_nonzero = True
+        if self.seen_nonzero:
+            return True
+        if READ_BYTES not in cur.counters:
+            return False
+        steps = cur.steps() or 0.0
+        return False if steps > 0 else None
+
+
+def derive(
+    prev: Scrape,
+    cur: Scrape,
+    mfu: MfuState,
+    loop_factor: float = 1.0,
+    loop_known: bool = False,
+    source: str = "vllm /metrics",
+) -> MetricsSample:
+    """The ``MetricsSample`` of the interval ``prev`` → ``cur`` (``prev`` must not be newer)."""
+    interval = max(0.0, (cur.ts_ns - prev.ts_ns) / 1e9)
+    notes: list[str] = []
+    finished = {reason: max(0.0, v - prev.finished.get(reason, 0.0)) for reason, v in cur.finished.items()}
+    finished = {k: v for k, v in finished.items() if v > 0}
+    steps_c, steps_p = cur.steps(), prev.steps()
+    steps = max(0.0, (steps_c or 0.0) - (steps_p or 0.0))
+    it_c = cur.hists.get(ITERATION_TOKENS)
+    it_p = prev.hists.get(ITERATION_TOKENS)
+    step_tokens = max(0.0, (it_c.sum if it_c else 0.0) - (it_p.sum if it_p else 0.0))
+    estimating = mfu.observe(cur)
+    read_b = write_b = flops = None
+    if estimating:
+        read_b = _gain(prev, cur, READ_BYTES) * loop_factor
+        write_b = _gain(prev, cur, WRITE_BYTES) * loop_factor
+        flops = _gain(prev, cur, FLOPS) * loop_factor
+        if loop_factor != 1.0:
+            notes.append(f"{MFU_CAVEAT}; corrected here x{loop_factor:g} (the model's loop count)")
+        elif loop_known:
+            notes.append(f"{MFU_CAVEAT}; this model is not looped, so no correction is needed")
+        else:
+            notes.append(
+                f"{MFU_CAVEAT}; loop count unknown here, not corrected (set RLTPERF_LOOP_COUNT or the loop_count option)"
+            )
+    elif estimating is False:
+        notes.append("no byte/FLOP estimates: start the server with --enable-mfu-metrics for MBU")
+    hist: dict[str, HistogramDelta] = {}
+    for short, names in LATENCY_HISTOGRAMS.items():
+        for fam in names:
+            d = _hist_delta(prev, cur, fam)
+            if d is not None:
+                hist[short] = d
+                break
+    return MetricsSample(
+        ts_ns=cur.ts_ns,
+        interval_s=interval,
+        source=source,
+        generation_tokens=_gain(prev, cur, GEN_TOKENS),
+        prompt_tokens=_gain(prev, cur, PROMPT_TOKENS),
+        requests_finished=finished,
+        steps=steps,
+        step_tokens=step_tokens,
+        preemptions=_gain(prev, cur, PREEMPTIONS),
+        prefix_queries=_gain(prev, cur, PREFIX_QUERIES),
+        prefix_hits=_gain(prev, cur, PREFIX_HITS),
+        running=_first(cur.gauges, RUNNING),
+        waiting=_first(cur.gauges, WAITING),
+        kv_usage=_first(cur.gauges, KV_USAGE),
+        read_bytes=read_b,
+        write_bytes=write_b,
+        flops=flops,
+        loop_factor=loop_factor,
+        hist=hist,
+        engines=max(1, len(cur.engines)),
+        notes=notes,
+    )
