@@ -15,6 +15,7 @@ from engine_adapters.records import (
     DeviceSample,
     EngineInfo,
     Hello,
+    MetricsSample,
     Record,
     RequestRecord,
     SessionEvent,
@@ -29,7 +30,7 @@ def record_time(rec: Record) -> int | None:
         return rec.end_ns
     if isinstance(rec, RequestRecord):
         return rec.finish_ns
-    if isinstance(rec, (DeviceSample, Stats)):
+    if isinstance(rec, (DeviceSample, Stats, MetricsSample)):
         return rec.ts_ns
     return None
 

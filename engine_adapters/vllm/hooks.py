@@ -31,6 +31,7 @@ vLLM's own calls and exceptions pass through unchanged.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -83,7 +84,9 @@ def enable(listen: str) -> bool:
     try:
         parse_hostport(listen)
     except ValueError as exc:
-        log.warning("rltperf plugin: RLTPERF_PROBE=%r is not HOST:PORT (%s); the plugin stays inert", listen, exc)
+        log.warning(
+            "rltperf plugin: RLTPERF_PROBE=%r is not HOST:PORT (%s); the plugin stays inert", listen, exc
+        )
         return False
     try:
         import vllm
@@ -135,6 +138,7 @@ def _patch_busy_loop(cls: type, listen: str) -> None:
 
     run_busy_loop.__doc__ = orig.__doc__
     run_busy_loop.__wrapped__ = orig  # type: ignore[attr-defined]
+    run_busy_loop.rltperf_hook = True  # type: ignore[attr-defined]  # marks the patch (tests, idempotence)
     cls.run_busy_loop = run_busy_loop  # type: ignore[attr-defined]
 
 
@@ -176,7 +180,7 @@ def engine_info(core: Any, loops: int | None) -> dict[str, Any]:
     try:
         import torch
 
-        torch_v = torch.__version__
+        torch_v = str(torch.__version__)
     except Exception:
         torch_v = "?"
     blocks = _kv_blocks(core.scheduler)[1]
@@ -187,7 +191,9 @@ def engine_info(core: Any, loops: int | None) -> dict[str, Any]:
     tp, pp, dp = pc.tensor_parallel_size, pc.pipeline_parallel_size, pc.data_parallel_size
     contract: dict[str, Any] = {
         "tokenizer": mc.tokenizer,
-        "attention_backend": str(att) if att is not None else "auto (vLLM picks per layer at start; see its log)",
+        "attention_backend": str(att)
+        if att is not None
+        else "auto (vLLM picks per layer at start; see its log)",
         "chunked_prefill": "on" if sc.enable_chunked_prefill else "off",
         "prefix_caching": "on" if cc.enable_prefix_caching else "off",
         "async_scheduling": "on" if sc.async_scheduling else "off",
@@ -210,7 +216,9 @@ def engine_info(core: Any, loops: int | None) -> dict[str, Any]:
         "quantization": str(mc.quantization) if mc.quantization else "none",
         "device": device_type,
         "max_loops": loops if loops and loops > 1 else None,
-        "loop_config": (f"looped: {loops} passes over the layers (config)" if loops and loops > 1 else "not looped"),
+        "loop_config": (
+            f"looped: {loops} passes over the layers (config)" if loops and loops > 1 else "not looped"
+        ),
         "kv_policy": None if loops and loops > 1 else "shared",
         "spec_config": str(spec) if spec is not None else None,
         "kv_capacity_blocks": blocks,
@@ -308,6 +316,7 @@ class Tap:
         orig_abort = core.abort_requests
         orig_profile = core.profile
 
+        @functools.wraps(orig_step)
         def step_fn() -> Any:
             if tap.broken:
                 return orig_step()
@@ -325,20 +334,24 @@ class Tap:
                         tap._disable("recording a step", exc)
                 # else: nothing scheduled or completed; the slot is reused by the next step
 
+        @functools.wraps(orig_schedule)
         def schedule(*a: Any, **k: Any) -> Any:
             out = orig_schedule(*a, **k)
             if tap.slot is not None:
                 tap.scheduled = out
             return out
 
+        @functools.wraps(orig_exec)
         def execute_model(*a: Any, **k: Any) -> Any:
             tap._mark("execute_model")
             return tap._wrap_future(orig_exec(*a, **k))
 
+        @functools.wraps(orig_sample)
         def sample_tokens(*a: Any, **k: Any) -> Any:
             tap._mark("sample")
             return tap._wrap_future(orig_sample(*a, **k))
 
+        @functools.wraps(orig_update)
         def update_from_output(scheduler_output: Any, model_output: Any, *a: Any, **k: Any) -> Any:
             tap._mark("update")
             outs = orig_update(scheduler_output, model_output, *a, **k)
@@ -351,6 +364,7 @@ class Tap:
                     tap._disable("reading the step's outputs", exc)
             return outs
 
+        @functools.wraps(orig_add)
         def add_request(request: Any, *a: Any, **k: Any) -> Any:
             if not tap.broken:
                 try:
@@ -359,6 +373,7 @@ class Tap:
                     tap._disable("noting a request", exc)
             return orig_add(request, *a, **k)
 
+        @functools.wraps(orig_abort)
         def abort_requests(request_ids: Any, *a: Any, **k: Any) -> Any:
             out = orig_abort(request_ids, *a, **k)
             if not tap.broken:
@@ -370,6 +385,7 @@ class Tap:
                     tap._disable("noting an abort", exc)
             return out
 
+        @functools.wraps(orig_profile)  # keeps the signature: vLLM inspects utility methods' parameters
         def profile(is_start: bool = True, *a: Any, **k: Any) -> Any:
             out = orig_profile(is_start, *a, **k)
             tap.profiling = bool(is_start)
@@ -392,7 +408,9 @@ class Tap:
         arrival_ns = now
         if isinstance(arrival, (int, float)) and arrival > 0:
             arrival_ns = now - max(0, int((time.time() - arrival) * 1e9))
-        self.reqs[str(request.request_id)] = _Req(arrival_ns=arrival_ns, prompt=int(request.num_prompt_tokens or 0))
+        self.reqs[str(request.request_id)] = _Req(
+            arrival_ns=arrival_ns, prompt=int(request.num_prompt_tokens or 0)
+        )
         if len(self.reqs) > MAX_TRACKED_REQUESTS:
             self.reqs.popitem(last=False)
 
@@ -500,7 +518,9 @@ def attach(core: Any, listen: str) -> Tap | None:
     if env_loops and env_loops.isdigit() and int(env_loops) >= 1:
         loops = int(env_loops)
     elif hf is not None:
-        loops = _loop_count(getattr(core.vllm_config.model_config, "hf_text_config", None) or hf) or _loop_count(hf)
+        loops = _loop_count(
+            getattr(core.vllm_config.model_config, "hf_text_config", None) or hf
+        ) or _loop_count(hf)
     info = engine_info(core, loops)
     addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     probe = Probe(
@@ -521,5 +541,7 @@ def attach(core: Any, listen: str) -> Tap | None:
         "`rltperf attach tcp://%s`",
         probe.address, os.getpid(), probe.address,
     )  # fmt: skip
-    print(f"rltperf: probe listening on tcp://{probe.address} (vLLM engine core, pid {os.getpid()})", flush=True)
+    print(
+        f"rltperf: probe listening on tcp://{probe.address} (vLLM engine core, pid {os.getpid()})", flush=True
+    )
     return tap

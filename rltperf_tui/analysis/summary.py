@@ -52,4 +52,9 @@ def summarize(stats: TargetStats, slo_ttft_ms: float | None = None, slo_tpot_ms:
     out["engine"] = info.name if info else None
     out["random_weights"] = info.random_weights if info else None
     out["statistics"] = "percentiles of pooled samples over the whole recording"
+    mw = stats.metrics_window(None)  # vLLM over HTTP: its /metrics, not per-step records
+    if mw is not None:
+        from dataclasses import asdict
+
+        out["metrics"] = asdict(mw)
     return out

@@ -62,6 +62,18 @@ def run(args: argparse.Namespace) -> int:
         + (f"  goodput {out['goodput_rps']:.2f} req/s" if out["goodput_rps"] is not None else ""),
         "(percentiles of pooled samples over the whole recording)",
     ]
+    m = out.get("metrics")
+    if m:
+        lines += [
+            f"server      {m['source']}: {m['samples']} scrapes over {m['span_s']:.1f} s (no per-step records)",
+            f"  tokens/s {_f(m['tokens_per_s'], '{:.1f}')}  requests/s {_f(m['requests_per_s'], '{:.2f}')}  "
+            f"steps/s {_f(m['steps_per_s'], '{:.1f}')}  tokens/step {_f(m['tokens_per_step'], '{:.2f}')}",
+            f"  TTFT ms {_p(m['latency_ms']['ttft'])}   ITL ms {_p(m['latency_ms']['itl'])}",
+            f"  TPOT ms {_p(m['latency_ms']['tpot'])}   e2e ms {_p(m['latency_ms']['e2e'])}",
+            f"  ({m['percentile_method']})",
+            f"  bandwidth {_f(m['achieved_gbps'], '{:.2f}')} GB/s (vLLM's estimate), MBU {_f(m['mbu'], '{:.1%}')}",
+        ]
+        lines += [f"  note: {n}" for n in m["notes"]]
     if out["profiled_steps"]:
         lines.append(f"note: {out['profiled_steps']} steps ran under the profiler; they are not baseline timings")
     print("\n".join(lines))

