@@ -58,7 +58,9 @@ class HostSampler:
 class SamplerThread(threading.Thread):
     """Calls ``sink(DeviceSample)`` about once a second for the host and each GPU."""
 
-    def __init__(self, sink: Callable[[DeviceSample], None], pid: int, period_s: float = SAMPLE_PERIOD_S) -> None:
+    def __init__(
+        self, sink: Callable[[DeviceSample], None], pid: int, period_s: float = SAMPLE_PERIOD_S
+    ) -> None:
         super().__init__(name="rltperf-devices", daemon=True)
         self.sink = sink
         self.pid = pid

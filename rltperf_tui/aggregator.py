@@ -365,7 +365,13 @@ class TargetStats:
                 capture_id=r.capture_id, mode=getattr(r, "mode", "?"), steps=steps
             )
         if isinstance(r, CaptureStarted):
-            c.state, c.first_step, c.cold, c.mode, c.steps = "capturing", r.first_step, r.cold, r.mode, r.steps
+            c.state, c.first_step, c.cold, c.mode, c.steps = (
+                "capturing",
+                r.first_step,
+                r.cold,
+                r.mode,
+                r.steps,
+            )
         elif isinstance(r, CaptureProgress):
             c.state, c.steps_done = "capturing", r.steps_done
         elif isinstance(r, CaptureExporting):
@@ -465,15 +471,33 @@ class TargetStats:
         self.now_ns = max(self.now_ns, end[-1])
         self.steps.append(
             {
-                "step_id": ids, "start": start, "end": end, "kind": kind, "batch": batch,
-                "tokens": tokens, "prefill": prefill, "out_tokens": out_tok, "busy": busy,
-                "bytes": nbytes, "flops": flops, "flags": flags, "kv_used": kv_used,
-                "kv_total": kv_total, "waiting": waiting, "running": running, "drafts": drafts,
-                "drafted": drafted, "accepted": accepted, "preempted": preempted,
-                "stages": stage_rows, "exit": exit_rows, "loop_ns": loop_rows, "loop_tokens": ltok_rows,
+                "step_id": ids,
+                "start": start,
+                "end": end,
+                "kind": kind,
+                "batch": batch,
+                "tokens": tokens,
+                "prefill": prefill,
+                "out_tokens": out_tok,
+                "busy": busy,
+                "bytes": nbytes,
+                "flops": flops,
+                "flags": flags,
+                "kv_used": kv_used,
+                "kv_total": kv_total,
+                "waiting": waiting,
+                "running": running,
+                "drafts": drafts,
+                "drafted": drafted,
+                "accepted": accepted,
+                "preempted": preempted,
+                "stages": stage_rows,
+                "exit": exit_rows,
+                "loop_ns": loop_rows,
+                "loop_tokens": ltok_rows,
             },
             n,
-        )  # fmt: skip
+        )
 
     def _add_requests(self, reqs: list[RequestRecord]) -> None:
         n = len(reqs)
@@ -496,7 +520,15 @@ class TargetStats:
             ok[i] = r.status == "ok"
         self.now_ns = max(self.now_ns, max(finish))
         self.reqs.append(
-            {"arrival": arrival, "finish": finish, "ttft": ttft, "tpot": tpot, "out": out, "prompt": prompt, "ok": ok},
+            {
+                "arrival": arrival,
+                "finish": finish,
+                "ttft": ttft,
+                "tpot": tpot,
+                "out": out,
+                "prompt": prompt,
+                "ok": ok,
+            },
             n,
         )
 
@@ -518,8 +550,9 @@ class TargetStats:
         lo = np.searchsorted(end, self.now_ns - int(seconds * 1e9), side="right")
         return slice(int(lo), k), k, int(lo)
 
-    def window(self, seconds: float | None = 10.0, slo_ttft_ms: float | None = None,
-               slo_tpot_ms: float | None = None) -> Window:  # fmt: skip
+    def window(
+        self, seconds: float | None = 10.0, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
+    ) -> Window:
         """Statistics over the last ``seconds`` of data time (None: everything kept)."""
         sl, _k, _lo = self._window_rows(seconds)
         S = self.steps
@@ -563,9 +596,13 @@ class TargetStats:
         fknown = ~np.isnan(flops)
         tot_flops = float(flops[fknown].sum()) if fknown.any() else None
         rf = roofline.window_roofline(
-            total_bytes=tot_bytes, total_flops=tot_flops, seconds=span, peak_bw_gbps=peak_bw,
-            peak_gflops=peak_fl, idle_fraction=idle,
-        )  # fmt: skip
+            total_bytes=tot_bytes,
+            total_flops=tot_flops,
+            seconds=span,
+            peak_bw_gbps=peak_bw,
+            peak_gflops=peak_fl,
+            idle_fraction=idle,
+        )
         ceil_ms = None
         if n and bknown.any() and peak_bw:
             per_step = roofline.ceiling_time_s(
@@ -662,7 +699,14 @@ class TargetStats:
         start = S.last("start")[sl]
         bucket_s = seconds / buckets
         t0 = self.now_ns - int(seconds * 1e9)
-        out: dict[str, Any] = {"t0_ns": t0, "bucket_s": bucket_s, "stage_ms": {}, "gap_ms": [], "step_ms": [], "steps": []}
+        out: dict[str, Any] = {
+            "t0_ns": t0,
+            "bucket_s": bucket_s,
+            "stage_ms": {},
+            "gap_ms": [],
+            "step_ms": [],
+            "steps": [],
+        }
         if end.size == 0:
             nanl = [math.nan] * buckets
             out.update(gap_ms=nanl, step_ms=nanl, steps=[0] * buckets)
@@ -676,7 +720,9 @@ class TargetStats:
             for i, nm in enumerate(self.stage_names[:MAX_STAGES]):
                 col = stages[:, i]
                 if col.any():
-                    out["stage_ms"][nm] = list(np.bincount(b, weights=col.astype(np.float64), minlength=buckets) / cnt / 1e6)
+                    out["stage_ms"][nm] = list(
+                        np.bincount(b, weights=col.astype(np.float64), minlength=buckets) / cnt / 1e6
+                    )
             ids = S.last("step_id")[sl]
             if end.size > 1:
                 g = (start[1:] - end[:-1]).astype(np.float64)
@@ -690,7 +736,9 @@ class TargetStats:
         out["steps"] = [int(c) for c in cnt]
         return out
 
-    def idle_gaps(self, seconds: float = 30.0, threshold_ms: float | None = None, limit: int = 8) -> list[IdleGap]:
+    def idle_gaps(
+        self, seconds: float = 30.0, threshold_ms: float | None = None, limit: int = 8
+    ) -> list[IdleGap]:
         """Gaps between consecutive steps over the threshold, newest first, each with the
         stage that grew most in the step before it (vs that stage's median in the window).
 
@@ -723,8 +771,15 @@ class TargetStats:
                 j = int(np.argmax(delta))
                 if delta[j] > 0:
                     grown, grown_ms = names[j], float(delta[j] / 1e6)
-            out.append(IdleGap(at_ns=int(end[i]), length_ms=float(g[i] / 1e6), after_step=int(ids[i]),
-                               grown_stage=grown, grown_ms=grown_ms))  # fmt: skip
+            out.append(
+                IdleGap(
+                    at_ns=int(end[i]),
+                    length_ms=float(g[i] / 1e6),
+                    after_step=int(ids[i]),
+                    grown_stage=grown,
+                    grown_ms=grown_ms,
+                )
+            )
         return out
 
     def latest_kv(self) -> dict[str, Any]:
