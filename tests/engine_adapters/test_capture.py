@@ -84,12 +84,42 @@ def test_capture_bundle_has_exactly_n_steps(engine, mode):
     assert [r["step_id"] for r in captured] == cap["step_ids"]
     assert all(r["flags"] & 2 for r in captured)
     assert any(r["window"] == "before" for r in rows)
+    warm = [r for r in rows if r["window"] == "profiler_warmup"]
+    assert len(warm) == 1 and warm[0]["flags"] & 8 and warm[0]["step_id"] == cap["step_ids"][0] - 1
     # stage ranges emitted by the probe are in the trace, once per captured step
     stage_fwd = [e for e in events if e.get("name") == "stage:forward" and e.get("ph") == "X"]
     assert len(stage_fwd) >= 5
     if full:  # shapes and stacks really recorded
         assert any(e.get("args", {}).get("Input Dims") for e in events)
         assert "Input Shapes" in (bundle / "ops.txt").read_text()
+
+
+def test_steps_overlapping_the_export_are_flagged(engine):
+    out = rltperf("capture", engine.target, "--steps", "30", "--mode", "full", "--json")
+    assert out.returncode == 0, out.stderr
+    bundle = Path(json.loads(out.stdout)["bundle"])
+    meta = json.loads((bundle / "meta.json").read_text())
+    rows = [json.loads(line) for line in (bundle / "steps.jsonl").read_text().splitlines()]
+    after = [r for r in rows if r["window"] == "after"]
+    t0, t1 = (
+        meta["capture"]["window_end_ns"],
+        meta["capture"]["window_end_ns"] + meta["capture"]["export_s"] * 1e9,
+    )
+    overlapping = [r for r in after if r["end_ns"] >= t0 and r["start_ns"] <= t1]
+    assert overlapping, "the loop steps every ~0.2 ms, an export takes longer"
+    assert all(r["flags"] & 4 for r in overlapping)
+    assert not any(r["flags"] & 4 for r in rows if r["window"] in ("before", "captured"))
+
+
+def test_unwarmed_profiler_flags_the_capture_cold(tmp_path):
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--snapshots", str(tmp_path), "--no-warm"])
+    try:
+        out = rltperf("capture", eng.target, "--steps", "3", "--mode", "ops", "--json")
+        assert out.returncode == 0, out.stderr
+        meta = json.loads((Path(json.loads(out.stdout)["bundle"]) / "meta.json").read_text())
+        assert meta["capture"]["cold"] is True and meta["capture"]["steps_captured"] == 3
+    finally:
+        eng.stop()
 
 
 def test_second_capture_while_one_runs_is_refused(engine):
