@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -50,7 +49,7 @@ SAMPLE_PERIOD_S = 1.0
 """Seconds between samples."""
 PCIE_EVERY = 5
 """Ticks between reads of ``nvmlDeviceGetPcieThroughput`` (a 20 ms call) on GPUs without GPM."""
-NOTE_REPEAT_S = 10.0
+NOTE_REPEAT_S = 5.0
 """A standing note is repeated this often, so a monitor that attaches later still sees it
 (the monitor shows each distinct note once)."""
 
@@ -143,45 +142,40 @@ def visible_handles(nvml: Any) -> list[Any]:
 
     NVML ignores ``CUDA_VISIBLE_DEVICES``; CUDA does not, so the engine's ``cuda:0`` is
     the first entry of that list (an index or a ``GPU-``/``MIG-`` UUID or UUID prefix;
-    CUDA stops at the first entry it cannot resolve, and so does this).  With torch's
-    CUDA initialised, its device UUIDs decide instead.
+    CUDA stops at the first entry it cannot resolve or repeats, and so does this; the
+    same parse as torch's own ``torch.cuda._get_nvml_device_index``).
     """
     n = int(nvml.nvmlDeviceGetCount())
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        with contextlib.suppress(Exception):
-            if torch.cuda.is_initialized():
-                return [
-                    nvml.nvmlDeviceGetHandleByUUID(f"GPU-{torch.cuda.get_device_properties(i).uuid}")
-                    for i in range(torch.cuda.device_count())
-                ]
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:
         return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
     uuids: list[str] | None = None
     out: list[Any] = []
+    seen: set[Any] = set()
     for tok in (t.strip() for t in env.split(",")):
-        if tok.lstrip("-").isdigit():
+        key: Any
+        if tok.lstrip("+-").isdigit():
             i = int(tok)
-            if not 0 <= i < n:
+            if not 0 <= i < n or i in seen:
                 break
-            out.append(nvml.nvmlDeviceGetHandleByIndex(i))
-            continue
-        if not tok:
-            break
-        if uuids is None:
-            uuids = [str(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(n)]
-        want = tok if tok.startswith(("GPU-", "MIG-")) else f"GPU-{tok}"
-        matches = [i for i, u in enumerate(uuids) if u.startswith(want)]
-        if len(matches) == 1:
-            out.append(nvml.nvmlDeviceGetHandleByIndex(matches[0]))
-        elif want.startswith("MIG-"):
+            key, handle = i, nvml.nvmlDeviceGetHandleByIndex(i)
+        elif tok.startswith("MIG-"):
             try:
-                out.append(nvml.nvmlDeviceGetHandleByUUID(want))
+                key, handle = tok, nvml.nvmlDeviceGetHandleByUUID(tok)
             except Exception:
                 break
+        elif tok:
+            if uuids is None:
+                uuids = [str(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(n)]
+            want = tok if tok.startswith("GPU-") else f"GPU-{tok}"
+            matches = [i for i, u in enumerate(uuids) if u.startswith(want)]
+            if len(matches) != 1 or matches[0] in seen:  # unknown or ambiguous prefix
+                break
+            key, handle = matches[0], nvml.nvmlDeviceGetHandleByIndex(matches[0])
         else:
             break
+        seen.add(key)
+        out.append(handle)
     return out
 
 

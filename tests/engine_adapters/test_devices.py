@@ -175,7 +175,9 @@ def test_no_driver_notes(code: int, devs: list[str] | None, want: str) -> None:
 def test_cpu_engine_on_gpu_host_samples_no_gpu() -> None:
     s = NvmlSampler(["cpu"], nvml=FakeNvml([_h100(), _h100()]))
     assert s.gpus == []
-    assert s.note == "the engine runs on the CPU: the CPU is the device (2 NVIDIA GPU(s) present, not sampled)"
+    assert (
+        s.note == "the engine runs on the CPU: the CPU is the device (2 NVIDIA GPU(s) present, not sampled)"
+    )
 
 
 def _three() -> list[FakeGpu]:
@@ -227,7 +229,9 @@ def test_sampler_thread_with_fake_gpu_sends_host_and_gpu_samples(monkeypatch: py
         with lock:
             got.append(s)
 
-    th = SamplerThread(sink, pid=os.getpid(), period_s=0.05, devices=["cuda:0"], nvml=FakeNvml([_a100_pcie()]))
+    th = SamplerThread(
+        sink, pid=os.getpid(), period_s=0.05, devices=["cuda:0"], nvml=FakeNvml([_a100_pcie()])
+    )
     th.start()
     time.sleep(0.4)
     th.stop()
