@@ -11,13 +11,14 @@ matmul of two nxn matrices counts 2·n³ FLOPs.
 
 On a CPU the copy is timed two ways and the faster median is the ceiling: NumPy's
 ``copyto`` (one thread, glibc ``memcpy``, which switches to non-temporal stores for
-large copies) and torch's ``copy_`` (torch's intra-op threads, which wins on many-core
-servers).  Arrays are far larger than the last-level cache so DRAM is what is timed.
+large copies) and, when torch runs more than one intra-op thread, torch's ``copy_``
+(which wins on many-core servers).  Arrays are far larger than the last-level cache so DRAM is what is timed.
 On CUDA, copies and matmuls are timed with CUDA events (``torch.cuda.Event``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import socket
 import statistics
@@ -71,14 +72,14 @@ def copy_cpu(nbytes: int, reps: int, warmup: int, budget_s: float | None = None)
     dst = np.empty_like(src)
     t_np, n_np = _median_time(lambda: np.copyto(dst, src), reps, warmup, budget_s)
     methods = {"numpy copyto (1 thread)": 2 * nbytes / t_np / 1e9}
-    try:
+    torch: Any = None
+    with contextlib.suppress(ImportError):
         import torch
-
+    threads = torch.get_num_threads() if torch is not None else 1
+    if threads > 1:  # with one thread it is the same memcpy, only slower
         ts, td = torch.from_numpy(src), torch.from_numpy(dst)
         t_t, _ = _median_time(lambda: td.copy_(ts), reps, warmup, budget_s)
-        methods[f"torch copy_ ({torch.get_num_threads()} threads)"] = 2 * nbytes / t_t / 1e9
-    except ImportError:
-        pass
+        methods[f"torch copy_ ({threads} threads)"] = 2 * nbytes / t_t / 1e9
     best = max(methods, key=lambda k: methods[k])
     return {"copy_gbps": methods[best], "copy_method": best, "copy_methods": methods,
             "copy_bytes": nbytes, "repetitions": n_np}  # fmt: skip
