@@ -118,7 +118,10 @@ class Ceiling(msgspec.Struct, kw_only=True, omit_defaults=True):
     dtype: str | None = None
     """Dtype the FLOP/s figure is for."""
     source: str = "unknown"
-    """``"calibration"`` (measured by ``rltperf calibrate``), ``"spec table"`` or ``"unknown"``."""
+    """``"calibration"`` (measured by ``rltperf calibrate``), ``"quick calibration"`` (a
+    sub-second CPU measurement made when nothing was cached), ``"spec table"`` or ``"unknown"``."""
+    detail: str | None = None
+    """What was measured (sizes, repetitions, date) or which datasheet row matched."""
 
 
 # --------------------------------------------------------------------------- client -> probe
