@@ -89,6 +89,18 @@ def start_engine(
     raise RuntimeError("engine did not print its address in time")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Calibrations made by the tests (probes run a quick one) stay out of ~/.cache."""
+    old = os.environ.get("RLTPERF_CACHE")
+    os.environ["RLTPERF_CACHE"] = str(tmp_path_factory.mktemp("rltperf-cache"))
+    yield
+    if old is None:
+        os.environ.pop("RLTPERF_CACHE", None)
+    else:
+        os.environ["RLTPERF_CACHE"] = old
+
+
 @pytest.fixture
 def loop_engine(tmp_path: Path) -> Iterator[EngineProc]:
     """The test torch loop with a probe on a free port, snapshots under tmp_path."""
