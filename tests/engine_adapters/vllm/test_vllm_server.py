@@ -24,7 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from vllm_fixtures import (  # noqa: E402
+from vllm_fixtures import (
     Collector,
     Load,
     Server,
@@ -34,8 +34,8 @@ from vllm_fixtures import (  # noqa: E402
     vllm_missing_reason,
 )
 
-from engine_adapters.probe.contract import CONTRACT_FIELDS  # noqa: E402
-from engine_adapters.records import (  # noqa: E402
+from engine_adapters.probe.contract import CONTRACT_FIELDS
+from engine_adapters.records import (
     CaptureDone,
     CaptureFailed,
     Hello,
@@ -44,11 +44,11 @@ from engine_adapters.records import (  # noqa: E402
     RequestRecord,
     StepRecord,
 )
-from engine_adapters.tcp import ProbeAdapter  # noqa: E402
-from engine_adapters.vllm.adapter import VllmAdapter  # noqa: E402
-from engine_adapters.vllm.capture import STEP_ANNOTATION  # noqa: E402
-from engine_adapters.vllm.histograms import pool  # noqa: E402
-from rltperf_tui.aggregator import TargetStats  # noqa: E402
+from engine_adapters.tcp import ProbeAdapter
+from engine_adapters.vllm.adapter import VllmAdapter
+from engine_adapters.vllm.capture import STEP_ANNOTATION
+from engine_adapters.vllm.histograms import pool
+from rltperf_tui.aggregator import TargetStats
 
 _why = vllm_missing_reason()
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -142,7 +142,9 @@ def _capture(session: Any, col: Collector, steps: int, mode: str, label: str) ->
     return col.wait_for((CaptureDone, CaptureFailed, Refused), 120, lambda r: r.capture_id == cid)  # type: ignore[arg-type]
 
 
-def test_capture_of_n_steps_gives_a_bundle_with_n_step_annotations(vllm_server: Server, tmp_path: Path) -> None:
+def test_capture_of_n_steps_gives_a_bundle_with_n_step_annotations(
+    vllm_server: Server, tmp_path: Path
+) -> None:
     session = VllmAdapter(
         f"vllm+http://127.0.0.1:{vllm_server.port}", profiler_dir=str(vllm_server.profiler_dir),
         snapshot_root=str(tmp_path / "snapshots"),
@@ -161,13 +163,19 @@ def test_capture_of_n_steps_gives_a_bundle_with_n_step_annotations(vllm_server: 
         assert {p.name for p in bundle.iterdir()} >= {"meta.json", "ops.txt", "trace.json.gz"}
         with gzip.open(bundle / "trace.json.gz") as f:
             events = json.load(f)["traceEvents"]
-        steps = [e for e in events if e.get("cat") == "user_annotation" and STEP_ANNOTATION.match(e.get("name", ""))]
+        steps = [
+            e
+            for e in events
+            if e.get("cat") == "user_annotation" and STEP_ANNOTATION.match(e.get("name", ""))
+        ]
         assert len(steps) == 8
         meta = json.loads((bundle / "meta.json").read_text())
         cap = meta["capture"]
         assert (cap["steps_requested"], cap["steps_captured"], cap["mode"]) == (8, 8, "ops")
         assert cap["with_stack"] is False and cap["record_shapes"] is False and cap["mode_honoured"] is True
-        assert cap["events"] == len(events) and cap["trace_bytes"] == (bundle / "trace.json.gz").stat().st_size
+        assert (
+            cap["events"] == len(events) and cap["trace_bytes"] == (bundle / "trace.json.gz").stat().st_size
+        )
         assert set(CONTRACT_FIELDS) <= set(meta["contract"])
         assert meta["contract"]["framework"].startswith("vLLM 0.32")
         assert meta["contract"]["prefix_caching"] in ("on", "off")
@@ -216,7 +224,14 @@ def plugin_run(vllm_server: Server) -> dict[str, Any]:
         time.sleep(0.2)
     refused = _capture(session, col, 4, "ops", None)
     col.stop()
-    return {"hello": hello, "before": before, "after": last or [], "load": load, "col": col, "refused": refused}
+    return {
+        "hello": hello,
+        "before": before,
+        "after": last or [],
+        "load": load,
+        "col": col,
+        "refused": refused,
+    }
 
 
 def test_plugin_step_count_matches_vllms_step_counter(plugin_run: dict[str, Any]) -> None:
@@ -264,7 +279,10 @@ def test_plugin_reports_vllm_config_and_refuses_captures(plugin_run: dict[str, A
     info = plugin_run["hello"].engine
     assert info.name == "vllm" and info.version.startswith("0.32")
     assert info.max_requests and info.token_budget and info.kv_capacity_blocks and info.dtype == "float32"
-    assert info.contract["async_scheduling"] in ("on", "off") and info.contract["chunked_prefill"] in ("on", "off")
+    assert info.contract["async_scheduling"] in ("on", "off") and info.contract["chunked_prefill"] in (
+        "on",
+        "off",
+    )
     assert "capture" not in plugin_run["hello"].capabilities
     refused = plugin_run["refused"]
     assert isinstance(refused, Refused) and "vllm+http://" in refused.reason
@@ -308,7 +326,9 @@ def test_plugin_is_inert_without_rltperf_probe_and_outside_the_version_range(tmp
         pytest.skip(why)
     env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", TMPDIR=str(tmp_path))
     env.pop("RLTPERF_PROBE", None)
-    p = subprocess.run([sys.executable, "-c", _INERT_CHECK], capture_output=True, text=True, env=env, timeout=180)
+    p = subprocess.run(
+        [sys.executable, "-c", _INERT_CHECK], capture_output=True, text=True, env=env, timeout=180
+    )
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line, p.stderr[-3000:]
     out = json.loads(line[7:])

@@ -122,7 +122,11 @@ def start_server(root: Path, extra_env: dict[str, str] | None = None) -> Server:
         PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
     )
     env.update(extra_env or {})
-    profiler_config = {"profiler": "torch", "torch_profiler_dir": str(prof), "torch_profiler_with_stack": False}
+    profiler_config = {
+        "profiler": "torch",
+        "torch_profiler_dir": str(prof),
+        "torch_profiler_with_stack": False,
+    }
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
@@ -131,7 +135,9 @@ def start_server(root: Path, extra_env: dict[str, str] | None = None) -> Server:
     ]  # fmt: skip
     log_path = root / "server.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root), start_new_session=True
+        )
     server = Server(proc, port, probe, prof, log_path, model)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -145,7 +151,9 @@ def start_server(root: Path, extra_env: dict[str, str] | None = None) -> Server:
             pass
         time.sleep(1.0)
     server.stop()
-    raise RuntimeError(f"vLLM did not answer /health within {START_TIMEOUT_S:.0f} s:\n{server.log_text()[-3000:]}")
+    raise RuntimeError(
+        f"vLLM did not answer /health within {START_TIMEOUT_S:.0f} s:\n{server.log_text()[-3000:]}"
+    )
 
 
 _ITERATION = re.compile(r"Iteration\((\d+)\)")
@@ -181,7 +189,9 @@ class Load:
             "model": MODEL_NAME, "prompt": f"def f(x): return x * {i}", "max_tokens": self.max_tokens,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
         }).encode()  # fmt: skip
-        req = urllib.request.Request(self.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
         t0 = time.perf_counter()
         first = None
         tokens = 0
@@ -236,7 +246,7 @@ class Collector:
     def of(self, cls: type) -> list:
         return [r for r in list(self.records) if isinstance(r, cls)]
 
-    def wait_for(self, cls: type, timeout: float, pred=lambda r: True) -> object:  # noqa: ANN001
+    def wait_for(self, cls: type, timeout: float, pred=lambda r: True) -> object:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for r in list(self.records):
@@ -244,7 +254,9 @@ class Collector:
                     return r
             time.sleep(0.05)
         name = getattr(cls, "__name__", str(cls))
-        raise AssertionError(f"no {name} within {timeout:g} s; got {[type(r).__name__ for r in self.records][-20:]}")
+        raise AssertionError(
+            f"no {name} within {timeout:g} s; got {[type(r).__name__ for r in self.records][-20:]}"
+        )
 
     def stop(self) -> None:
         self._stop.set()
