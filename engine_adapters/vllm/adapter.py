@@ -14,7 +14,9 @@ Captures go through vLLM's own profiler (``capture.py``).
 Options: ``interval`` (s, default 1), ``profiler_dir`` (the server's
 ``torch_profiler_dir`` as seen from this host), ``snapshot_root`` (default
 ``snapshots``), ``loop_count`` (a looped model's passes, to correct vLLM's byte
-estimate; default ``$RLTPERF_LOOP_COUNT``, else read from a local model's config.json), ``reconnect`` (default True), ``timeout`` (s per request, default 5).
+estimate; default ``$RLTPERF_LOOP_COUNT``, else read from a local model's config.json),
+``reconnect`` (default True), ``timeout`` (s per request, default 10; three timed-out
+scrapes in a row count as a lost server).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ from engine_adapters.vllm.metrics import (
 
 DEFAULT_INTERVAL_S = 1.0
 BACKOFF_S = (0.5, 1.0, 2.0, 3.0)
+SLOW_POLLS_BEFORE_LOST = 3
+"""Consecutive /metrics timeouts before the server counts as lost (one slow answer does not)."""
 QUEUE_MAX = 4096
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0")
 
@@ -131,6 +135,7 @@ class VllmSession(Session):
         self._lock = threading.Lock()
         self._capture: HttpCapture | None = None
         self._thread: threading.Thread | None = None
+        self._slow = 0
         self.polls = 0
         self.poll_errors = 0
         self.last_poll_s = 0.0
@@ -269,8 +274,15 @@ class VllmSession(Session):
             cur = parse_scrape(body.decode("utf-8", "replace"), _clk())
         except (ServerUnreachable, ScrapeError) as exc:
             self.poll_errors += 1
+            if isinstance(exc, ServerUnreachable) and exc.timed_out:
+                # A busy server answers /metrics late; that is not a lost server.  The next
+                # sample simply spans the longer interval.
+                self._slow += 1
+                if self._slow < SLOW_POLLS_BEFORE_LOST:
+                    return
             self._lost(str(exc))
             return
+        self._slow = 0
         prev = self._prev
         self._prev = cur
         if prev is None:
@@ -410,7 +422,7 @@ class VllmSession(Session):
             cap.join(10.0)
         t = self._thread
         if t is not None and t is not threading.current_thread():
-            t.join(self.adapter.timeout + 1.0)
+            t.join(2.0)  # a scrape in flight finishes on its own (daemon thread)
         self._ended = True
 
     @property
@@ -446,7 +458,7 @@ class VllmAdapter(Adapter):
             raise AdapterTargetError(f"bad target {target!r}: {exc}") from None
         try:
             self.interval = float(options.get("interval") or DEFAULT_INTERVAL_S)
-            self.timeout = float(options.get("timeout") or 5.0)
+            self.timeout = float(options.get("timeout") or 10.0)
             lc = options.get("loop_count") or os.environ.get("RLTPERF_LOOP_COUNT") or None
             self.loop_count: int | None = int(lc) if lc is not None else None
         except (TypeError, ValueError) as exc:

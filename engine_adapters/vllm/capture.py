@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 from engine_adapters.probe.bundle import BUNDLE_FORMAT, _os_error_text, _rename_unique, bundle_name
 from engine_adapters.probe.capture import MAX_CAPTURE_STEPS, sanitize_label
-from engine_adapters.probe.contract import build_contract
+from engine_adapters.probe.contract import CONTRACT_FIELDS, unknown
 from engine_adapters.records import (
     CaptureDone,
     CaptureExporting,
     CaptureFailed,
     CaptureProgress,
     CaptureStarted,
+    EngineInfo,
     to_builtins,
 )
 from engine_adapters.vllm.http import ServerUnreachable, error_text
@@ -487,7 +488,7 @@ class HttpCapture(threading.Thread):
         note: str | None,
     ) -> dict[str, Any]:
         from engine_adapters import __version__
-        from engine_adapters.records import SCHEMA_VERSION, EngineInfo
+        from engine_adapters.records import SCHEMA_VERSION
 
         s = self.session
         job = self.job
@@ -546,9 +547,27 @@ class HttpCapture(threading.Thread):
                 "trace_vllm_version": facts.vllm_version,
             },
             "live_at_trigger": job.live_at_trigger,
-            "contract": build_contract(info),
+            "contract": server_contract(info),
             "files": out_files,
         }
+
+
+def server_contract(info: EngineInfo) -> dict[str, Any]:
+    """Every contract field for the server's bundle, from what the adapter learnt.
+
+    Unlike the probe's ``build_contract`` this looks at nothing on the monitor's host (its
+    git tree, torch or driver describe the monitor, not the server) and imports no torch.
+    """
+    c = info.contract
+    out: dict[str, Any] = {}
+    for f in CONTRACT_FIELDS:
+        v = c.get(f)
+        out[f] = v if v not in (None, "") else unknown("the vLLM server does not report it")
+    for k, v in c.items():
+        if k not in out and v is not None:
+            out[k] = v
+    out["profiled"] = True
+    return out
 
 
 def validate_request(steps: int, mode: str) -> str | None:

@@ -17,6 +17,11 @@ from urllib.parse import urlsplit
 class ServerUnreachable(Exception):
     """The server could not be reached or did not answer in time."""
 
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+        """True when the server accepted the connection but answered too slowly."""
+
 
 class HttpClient:
     """Calls to one ``http(s)://host:port`` base URL."""
@@ -53,7 +58,9 @@ class HttpClient:
                 f"nothing listens at {self.base_url} (connection refused): is the vLLM server running there?"
             ) from None
         except TimeoutError:
-            raise ServerUnreachable(f"{where} did not answer within {timeout or self.timeout:g} s") from None
+            raise ServerUnreachable(
+                f"{where} did not answer within {timeout or self.timeout:g} s", timed_out=True
+            ) from None
         except socket.gaierror as exc:
             raise ServerUnreachable(f"cannot resolve host {self.host!r}: {exc.strerror}") from None
         except (OSError, http.client.HTTPException) as exc:
