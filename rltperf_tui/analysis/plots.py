@@ -120,17 +120,19 @@ def roofline(path: str, series: Sequence[tuple[str, Sequence[tuple[float, float]
                 transform=ax.transAxes, ha="center", va="top", fontsize=8, color="firebrick")  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     fmt = FuncFormatter(lambda v, _pos: f"{v:g}")
     for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         axis.set_major_formatter(fmt)
         axis.set_minor_formatter(FuncFormatter(lambda v, _pos: ""))
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("achieved GFLOP/s")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8, loc="lower right")
+    # below the axes, so it never hides a point
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     return _save(fig, path)
 
 
@@ -151,11 +153,13 @@ def exit_depth(path: str, hists: Sequence[tuple[str, Sequence[int]]], title: str
         color = [A_COLOR, B_COLOR][i] if k == 2 else COLORS[i % len(COLORS)]
         ax.bar(x + (i - (k - 1) / 2) * w, share, width=w, color=color,
                label=f"{label}: {int(tot)} tokens, mean depth {mean:.2f}")  # fmt: skip
+    top = max((max(h) / sum(h) for _, h in hists if h and sum(h)), default=1.0)
+    ax.set_ylim(0, top * 1.35)  # headroom for the legend above the bars
     ax.set_xticks(x)
     ax.set_xlabel("exit depth (loop passes run)")
     ax.set_ylabel("share of tokens")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center")
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -163,9 +167,9 @@ def exit_depth(path: str, hists: Sequence[tuple[str, Sequence[int]]], title: str
 def cdfs(path: str, panels: Sequence[tuple[str, str, Sequence[tuple[str, Any]]]], title: str) -> str:
     """Overlaid empirical CDFs, one panel per metric: (panel title, unit, [(label, values)])."""
     plt = _plt()
-    n = len(panels)
-    cols = 2 if n > 1 else 1
-    rows = (n + cols - 1) // cols
+    npanels = len(panels)
+    cols = 2 if npanels > 1 else 1
+    rows = (npanels + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.8 * rows), squeeze=False, layout="constrained")
     for ax, (ptitle, unit, series) in zip(axes.flat, panels, strict=False):
         for i, (label, vals) in enumerate(series):
@@ -173,15 +177,20 @@ def cdfs(path: str, panels: Sequence[tuple[str, str, Sequence[tuple[str, Any]]]]
             v = v[np.isfinite(v)]
             if v.size == 0:
                 continue
-            y = np.arange(1, v.size + 1) / v.size
+            n = int(v.size)
+            y = np.arange(1, n + 1) / n
             p99 = float(np.percentile(v, 99))
-            if v.size > 600:  # the curve at 600 quantiles looks the same and draws far faster
+            if n > 600:  # the curve at 600 quantiles looks the same and draws far faster
                 pick = np.unique(np.concatenate([np.linspace(0, v.size - 1, 500).astype(int),
                                                  np.arange(max(0, v.size - 100), v.size)]))  # fmt: skip
                 v, y = v[pick], y[pick]
             color = [A_COLOR, B_COLOR][i] if len(series) == 2 else COLORS[i % len(COLORS)]
-            ax.step(v, y, where="post", color=color, label=f"{label} (n={v.size}, P99 {p99:.3g} {unit})")
-            ax.axvline(p99, color=color, linestyle=":", linewidth=0.8)
+            tail = f"P99 {p99:.3g} {unit}" if n >= 100 else f"max {v[-1]:.3g} {unit} (too few for a P99)"
+            v = np.concatenate([[v[0]], v])
+            y = np.concatenate([[0.0], y])
+            ax.step(v, y, where="post", color=color, label=f"{label} (n={n}, {tail})")
+            if n >= 100:
+                ax.axvline(p99, color=color, linestyle=":", linewidth=0.8)
         ax.axhline(0.99, color="grey", linestyle="--", linewidth=0.6)
         ax.set_title(ptitle, fontsize=10)
         ax.set_xlabel(unit)
@@ -192,7 +201,7 @@ def cdfs(path: str, panels: Sequence[tuple[str, str, Sequence[tuple[str, Any]]]]
             ax.set_xscale("log")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
-    for ax in list(axes.flat)[n:]:
+    for ax in list(axes.flat)[npanels:]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=11)
     return _save(fig, path)

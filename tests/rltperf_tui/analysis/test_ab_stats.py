@@ -86,3 +86,20 @@ def test_segment_values() -> None:
     assert S.segment_values(x, 50, k=2) == [1.0, 3.0]
     assert S.spread(S.segment_values(x, 50, k=4)) == 2.0
     assert S.segment_values(np.ones(150), 99) is None  # a P99 segment needs 100 samples
+
+
+@pytest.mark.slow
+def test_bench_capture_figures() -> None:
+    """``rltperf bench capture`` on the loop engine: every figure present and sane."""
+    import argparse
+
+    from rltperf_tui.bench import capture
+
+    r = capture.run(argparse.Namespace(target=None, steps=4, repeats=1, modes="ops,full", token=None))
+    assert r["ok"], r
+    ops, full = r["modes"]["ops"], r["modes"]["full"]
+    for m in (ops, full):
+        assert m["captures"] == 1 and m["to_first_step_steps"] >= 1 and m["to_first_step_ms"] > 0
+        assert m["slowdown"] > 0 and m["export_s"] > 0 and m["trace_bytes_per_step"] > 0
+    # full records shapes, memory and stacks: more events per step than ops
+    assert full["events_per_step"] > ops["events_per_step"]
