@@ -236,8 +236,17 @@ def spans(events: Iterable[dict[str, Any]], cats: frozenset[str] | None = None) 
         if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
             continue
         args = e.get("args")
-        out.append(Span(str(e.get("name", "")), float(ts), float(dur), e.get("pid"), e.get("tid"), cat,
-                        args if isinstance(args, dict) else {}))  # fmt: skip
+        out.append(
+            Span(
+                str(e.get("name", "")),
+                float(ts),
+                float(dur),
+                e.get("pid"),
+                e.get("tid"),
+                cat,
+                args if isinstance(args, dict) else {},
+            )
+        )
     out.sort(key=lambda s: (s.ts, -s.dur))
     return out
 
@@ -328,8 +337,12 @@ def scan_steps(events: list[dict[str, Any]], ann: list[Span] | None = None) -> S
                 v = VLLM_STEP_RE.match(sp.name)
                 if v:
                     cr, ct, gr, gt = (int(x) for x in v.groups())
-                    batch = {"context_requests": cr, "context_tokens": ct,
-                             "generation_requests": gr, "generation_tokens": gt}  # fmt: skip
+                    batch = {
+                        "context_requests": cr,
+                        "context_tokens": ct,
+                        "generation_requests": gr,
+                        "generation_tokens": gt,
+                    }
                     kind = "prefill" if cr and not gr else ("decode" if gr and not cr else "mixed")
             cyc = next((p for p in prof if _inside(sp, p)), None)
             steps.append(EngineStep(i, sid, kind, sp, cyc, {}, batch))
@@ -446,8 +459,16 @@ def memory_peaks(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         dtype = a.get("Device Type", 0)
         did = a.get("Device Id", -1)
         dev = "cpu" if dtype == 0 else f"cuda:{did}" if dtype == 1 else f"type{dtype}:{did}"
-        d = per.setdefault(dev, {"device": dev, "peak_allocated_bytes": 0, "peak_reserved_bytes": 0,
-                                 "largest_allocation_bytes": 0, "events": 0})  # fmt: skip
+        d = per.setdefault(
+            dev,
+            {
+                "device": dev,
+                "peak_allocated_bytes": 0,
+                "peak_reserved_bytes": 0,
+                "largest_allocation_bytes": 0,
+                "events": 0,
+            },
+        )
         d["events"] += 1
         for key, src in (
             ("peak_allocated_bytes", "Total Allocated"),
@@ -623,15 +644,17 @@ def idle_breakdown(
         idle_all: list[tuple[float, float]] = []
         for d in sorted(by_dev, key=str):
             busy, host, kern, other, idle_d = _classify(by_dev[d], w0, w1, kernel_wait_threshold_us)
-            per.append({
-                "device": f"cuda:{d}" if isinstance(d, int) else str(d),
-                "busy_s": round(busy / 1e6, 6),
-                "idle_fraction": round(1 - busy / win_us, 6) if win_us else None,
-                "host_wait_s": round(host / 1e6, 6),
-                "kernel_wait_s": round(kern / 1e6, 6),
-                "other_s": round(other / 1e6, 6),
-                "activities": len(by_dev[d]),
-            })  # fmt: skip
+            per.append(
+                {
+                    "device": f"cuda:{d}" if isinstance(d, int) else str(d),
+                    "busy_s": round(busy / 1e6, 6),
+                    "idle_fraction": round(1 - busy / win_us, 6) if win_us else None,
+                    "host_wait_s": round(host / 1e6, 6),
+                    "kernel_wait_s": round(kern / 1e6, 6),
+                    "other_s": round(other / 1e6, 6),
+                    "activities": len(by_dev[d]),
+                }
+            )
             for i, v in enumerate((busy, host, kern, other)):
                 tot[i] += v
             idle_all.extend(idle_d)

@@ -69,15 +69,26 @@ def main() -> int:
     w = torch.randn(args.dim, args.dim) / args.dim**0.5
     probe = Probe(
         args.listen,
-        {"name": "test-loop", "model": f"mlp-{args.dim}", "dtype": "float32", "device": "cpu",
-         "random_weights": True, "workload": "fixed loop", "max_loops": args.loops or None,
-         "contract": {"sampling": "argmax", "seeds": "torch.manual_seed(0)",
-                      "warmup": "none", "stall": args.stall_ms or "none"}},
+        {
+            "name": "test-loop",
+            "model": f"mlp-{args.dim}",
+            "dtype": "float32",
+            "device": "cpu",
+            "random_weights": True,
+            "workload": "fixed loop",
+            "max_loops": args.loops or None,
+            "contract": {
+                "sampling": "argmax",
+                "seeds": "torch.manual_seed(0)",
+                "warmup": "none",
+                "stall": args.stall_ms or "none",
+            },
+        },
         snapshot_root=args.snapshots,
         token=args.token,
         warm_profiler=not args.no_warm,
         prometheus_port=args.prometheus_port,
-    )  # fmt: skip
+    )
     print(f"ADDRESS {probe.address}", flush=True)
     if probe._prometheus is not None:
         print(f"PROMETHEUS {probe._prometheus.address}", flush=True)
@@ -92,6 +103,7 @@ def main() -> int:
     durations: list[int] = []
     busy: list[int] = []
     sleeps: dict[int, int] = {}
+    ids: list[int] = []  # the id the probe gave each step
     wbytes = args.dim * args.dim * 4
     rows = args.rows
     t_end = time.monotonic() + args.duration
@@ -144,10 +156,16 @@ def main() -> int:
                 f1 = clk()
                 st.mark("sample")
                 h.argmax(dim=-1)
-                st.set(busy_ns=f1 - f0, bytes_read=passes * wbytes, flops=passes * 2 * rows * args.dim * args.dim,
-                       out_tokens=rows, exit_hist=hist)  # fmt: skip
+                st.set(
+                    busy_ns=f1 - f0,
+                    bytes_read=passes * wbytes,
+                    flops=passes * 2 * rows * args.dim * args.dim,
+                    out_tokens=rows,
+                    exit_hist=hist,
+                )
                 sid = st.step_id
         t1 = clk()
+        ids.append(sid)
         durations.append(t1 - t0)
         busy.append(f1 - f0)
         n += 1
@@ -166,7 +184,9 @@ def main() -> int:
     probe.close()
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"durations_ns": durations, "busy_ns": busy, "sleep_after_ns": sleeps}, f)
+            json.dump(
+                {"step_ids": ids, "durations_ns": durations, "busy_ns": busy, "sleep_after_ns": sleeps}, f
+            )
     return 0
 
 

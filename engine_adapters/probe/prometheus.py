@@ -61,8 +61,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rltperf.probe.prometheus")
 
-STEP_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                1.0, 2.5, 5.0, 10.0)  # fmt: skip
+STEP_BUCKETS = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 """Step-time and gap buckets, seconds (50 µs … 10 s)."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """TTFT/TPOT buckets, seconds."""
@@ -121,14 +138,28 @@ class PrometheusExporter:
         self._cap_mode: dict[str, str] = {}
         reg = self.registry = CollectorRegistry(auto_describe=True)
         info = probe.engine_info
-        Info("rltperf_engine", "The engine this probe runs in", registry=reg).info({
-            "engine": info.name or "", "model": info.model or "", "dtype": info.dtype or "",
-            "device": info.device or "", "random_weights": str(bool(info.random_weights)).lower(),
-        })  # fmt: skip
-        self.step_seconds = Histogram("rltperf_step_duration_seconds", "Engine step time (end - start)", ["kind"],
-                                      buckets=STEP_BUCKETS, registry=reg)  # fmt: skip
-        self.gap_seconds = Histogram("rltperf_step_gap_seconds", "Start of step k+1 minus end of step k",
-                                     buckets=STEP_BUCKETS, registry=reg)  # fmt: skip
+        Info("rltperf_engine", "The engine this probe runs in", registry=reg).info(
+            {
+                "engine": info.name or "",
+                "model": info.model or "",
+                "dtype": info.dtype or "",
+                "device": info.device or "",
+                "random_weights": str(bool(info.random_weights)).lower(),
+            }
+        )
+        self.step_seconds = Histogram(
+            "rltperf_step_duration_seconds",
+            "Engine step time (end - start)",
+            ["kind"],
+            buckets=STEP_BUCKETS,
+            registry=reg,
+        )
+        self.gap_seconds = Histogram(
+            "rltperf_step_gap_seconds",
+            "Start of step k+1 minus end of step k",
+            buckets=STEP_BUCKETS,
+            registry=reg,
+        )
         self.tokens = Counter("rltperf_output_tokens", "Tokens produced by engine steps", registry=reg)
         self.busy = Counter(
             "rltperf_device_busy_seconds", "Device busy time reported by the engine", registry=reg
@@ -139,32 +170,53 @@ class PrometheusExporter:
         self.flops = Counter(
             "rltperf_model_flops", "Analytic floating-point operations of engine steps", registry=reg
         )
-        self.exit_tokens = Counter("rltperf_exit_depth_tokens", "Tokens by the loop depth they exited at", ["depth"],
-                                   registry=reg)  # fmt: skip
+        self.exit_tokens = Counter(
+            "rltperf_exit_depth_tokens", "Tokens by the loop depth they exited at", ["depth"], registry=reg
+        )
         self.drafts = Counter("rltperf_spec_drafts", "Speculative draft sequences proposed", registry=reg)
         self.drafted = Counter("rltperf_spec_draft_tokens", "Speculative draft tokens proposed", registry=reg)
         self.accepted = Counter(
             "rltperf_spec_accepted_tokens", "Speculative draft tokens accepted", registry=reg
         )
-        self.requests = Counter("rltperf_requests", "Finished requests by status (failed ones are counted)",
-                                ["status"], registry=reg)  # fmt: skip
-        self.ttft = Histogram("rltperf_time_to_first_token_seconds", "Time to first token of ok requests",
-                              buckets=LATENCY_BUCKETS, registry=reg)  # fmt: skip
-        self.tpot = Histogram("rltperf_time_per_output_token_seconds",
-                              "Time per output token after the first, ok requests with >= 2 tokens",
-                              buckets=LATENCY_BUCKETS, registry=reg)  # fmt: skip
-        self.profiled = Counter("rltperf_profiled_steps", "Steps run with the profiler on (not baseline timings)",
-                                registry=reg)  # fmt: skip
-        self.captures = Counter("rltperf_captures", "Profiler captures by mode and result", ["mode", "result"],
-                                registry=reg)  # fmt: skip
-        self.dev_util = Gauge("rltperf_device_utilization_ratio",
-                              "NVML utilisation: share of the sample period with a kernel running (coarse)",
-                              ["device"], registry=reg)  # fmt: skip
+        self.requests = Counter(
+            "rltperf_requests",
+            "Finished requests by status (failed ones are counted)",
+            ["status"],
+            registry=reg,
+        )
+        self.ttft = Histogram(
+            "rltperf_time_to_first_token_seconds",
+            "Time to first token of ok requests",
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.tpot = Histogram(
+            "rltperf_time_per_output_token_seconds",
+            "Time per output token after the first, ok requests with >= 2 tokens",
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.profiled = Counter(
+            "rltperf_profiled_steps", "Steps run with the profiler on (not baseline timings)", registry=reg
+        )
+        self.captures = Counter(
+            "rltperf_captures", "Profiler captures by mode and result", ["mode", "result"], registry=reg
+        )
+        self.dev_util = Gauge(
+            "rltperf_device_utilization_ratio",
+            "NVML utilisation: share of the sample period with a kernel running (coarse)",
+            ["device"],
+            registry=reg,
+        )
         self.dev_mem = Gauge(
             "rltperf_device_memory_used_bytes", "Device memory used", ["device"], registry=reg
         )
-        self.peak_gauge = Gauge("rltperf_peak_memory_bandwidth_bytes_per_second",
-                                "Peak memory bandwidth MBU is measured against", ["source"], registry=reg)  # fmt: skip
+        self.peak_gauge = Gauge(
+            "rltperf_peak_memory_bandwidth_bytes_per_second",
+            "Peak memory bandwidth MBU is measured against",
+            ["source"],
+            registry=reg,
+        )
         self.peak_bw_gbps: float | None = None
         try:
             from engine_adapters.ceilings import ceiling_for

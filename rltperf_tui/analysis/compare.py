@@ -78,8 +78,12 @@ class RecSeries:
     def blocks(self) -> S.BlockSums:
         """Block sums of every recording, concatenated (blocks never straddle two files)."""
         bs = [p["blocks"] for p in self.parts]
-        return S.BlockSums(*(np.concatenate([getattr(b, f) for b in bs]) for f in
-                             ("span_s", "tokens", "busy_s", "busy_known", "nbytes", "bytes_known")))  # fmt: skip
+        return S.BlockSums(
+            *(
+                np.concatenate([getattr(b, f) for b in bs])
+                for f in ("span_s", "tokens", "busy_s", "busy_known", "nbytes", "bytes_known")
+            )
+        )
 
     @property
     def info(self) -> EngineInfo | None:
@@ -87,8 +91,9 @@ class RecSeries:
         return next((i for i in self.infos if i is not None), None)
 
 
-def _series_part(path: str, peak_gbps: float | None, block_s: float) -> tuple[dict[str, Any], dict[str, Any], EngineInfo | None,
-                                                                  Ceiling | None, list[str], str | None]:  # fmt: skip
+def _series_part(
+    path: str, peak_gbps: float | None, block_s: float
+) -> tuple[dict[str, Any], dict[str, Any], EngineInfo | None, Ceiling | None, list[str], str | None]:
     stats, header, warning = load_recording(path, peak_gbps)
     St = stats.steps
     ids = St.last("step_id").astype(np.int64)
@@ -118,8 +123,14 @@ def _series_part(path: str, peak_gbps: float | None, block_s: float) -> tuple[di
     span_s = (int(end[keep][-1]) - int(start[keep][0])) / 1e9 if k else 0.0
     blk = max(S.block_length(k), math.ceil(block_s * k / span_s)) if span_s > 0 else S.block_length(k)
     blk = min(blk, max(1, k // 3))
-    bs = S.block_sums(start[keep], end[keep], St.last("out_tokens")[keep].astype(np.float64),
-                      St.last("busy")[keep], St.last("bytes")[keep], blk)  # fmt: skip
+    bs = S.block_sums(
+        start[keep],
+        end[keep],
+        St.last("out_tokens")[keep].astype(np.float64),
+        St.last("busy")[keep],
+        St.last("bytes")[keep],
+        blk,
+    )
     stages = St.last("stages")[keep]
     exits = St.last("exit")[keep].sum(axis=0)
     nbytes = St.last("bytes")[keep]
@@ -164,8 +175,10 @@ def _series_part(path: str, peak_gbps: float | None, block_s: float) -> tuple[di
     if stats.dropped:
         warns.append(f"{os.path.basename(path)}: {stats.dropped} records were dropped while recording")
     if part["steps_excluded"]:
-        warns.append(f"{os.path.basename(path)}: {part['steps_excluded']} profiled/exporting/warm-up steps left out "
-                     f"(and {part['requests_excluded']} requests overlapping them)")  # fmt: skip
+        warns.append(
+            f"{os.path.basename(path)}: {part['steps_excluded']} profiled/exporting/warm-up steps left out "
+            f"(and {part['requests_excluded']} requests overlapping them)"
+        )
     return part, header, stats.info, stats.ceiling, list(stats.stage_names), "; ".join(warns) or None
 
 
@@ -231,10 +244,17 @@ def _metric_values(part_or_side: Any, key: str, q: float | None) -> float | None
     return float(np.percentile(x, q)) if q is not None else float(x.mean())
 
 
-def compare_recordings(a_paths: list[str], b_paths: list[str], *, resamples: int = S.DEFAULT_RESAMPLES,
-                       alpha: float = S.DEFAULT_ALPHA, min_effect: float = S.DEFAULT_MIN_EFFECT,
-                       peak_gbps: float | None = None, seed: int = 0,
-                       block_s: float = S.DEFAULT_BLOCK_S) -> dict[str, Any]:  # fmt: skip
+def compare_recordings(
+    a_paths: list[str],
+    b_paths: list[str],
+    *,
+    resamples: int = S.DEFAULT_RESAMPLES,
+    alpha: float = S.DEFAULT_ALPHA,
+    min_effect: float = S.DEFAULT_MIN_EFFECT,
+    peak_gbps: float | None = None,
+    seed: int = 0,
+    block_s: float = S.DEFAULT_BLOCK_S,
+) -> dict[str, Any]:
     """Compare A and B recordings (several of each: interleaved rounds, paired in order)."""
     rng = np.random.default_rng(seed)
     A = load_side("A", a_paths, peak_gbps, block_s)
@@ -250,8 +270,10 @@ def compare_recordings(a_paths: list[str], b_paths: list[str], *, resamples: int
         for i in range(1, len(firsts)):
             rd = config_diff(firsts[0], firsts[i])
             if rd:
-                warnings.append(f"{side.label}'s recordings differ among themselves in "
-                                f"{', '.join(x['field'] for x in rd)}: they are not rounds of one configuration")  # fmt: skip
+                warnings.append(
+                    f"{side.label}'s recordings differ among themselves in "
+                    f"{', '.join(x['field'] for x in rd)}: they are not rounds of one configuration"
+                )
     # ---- distributions
     diffs: list[S.Diff] = []
     span_a = sum(p["span_s"] for p in A.parts)
@@ -274,8 +296,14 @@ def compare_recordings(a_paths: list[str], b_paths: list[str], *, resamples: int
     if all(p["busy_known"] for p in A.parts + B.parts):
         d = S.compare_ratio("idle fraction", "fraction", ab, bb, "idle_fraction", rng, resamples)
     else:
-        d = S.Diff("idle fraction", "fraction", None, None, verdict="no data",
-                   reason="the engine reports no device busy time in one of the recordings")  # fmt: skip
+        d = S.Diff(
+            "idle fraction",
+            "fraction",
+            None,
+            None,
+            verdict="no data",
+            reason="the engine reports no device busy time in one of the recordings",
+        )
     d.extra["key"] = "idle_fraction"
     diffs.append(d)
     peak_a = A.ceiling.peak_bw_gbps if A.ceiling else None
@@ -283,9 +311,13 @@ def compare_recordings(a_paths: list[str], b_paths: list[str], *, resamples: int
     if peak_a and peak_a == peak_b and all(p["bytes_known"] for p in A.parts + B.parts):
         d = S.compare_ratio("MBU", "fraction", ab, bb, "mbu", rng, resamples, peak_bw_gbps=peak_a)
     else:
-        why = ("no peak bandwidth known (pass --peak-gbps)" if not (peak_a or peak_b) else
-               "A and B have different peak bandwidths" if peak_a != peak_b else
-               "the engine reports no bytes per step")  # fmt: skip
+        why = (
+            "no peak bandwidth known (pass --peak-gbps)"
+            if not (peak_a or peak_b)
+            else "A and B have different peak bandwidths"
+            if peak_a != peak_b
+            else "the engine reports no bytes per step"
+        )
         d = S.Diff("MBU", "fraction", None, None, verdict="no data", reason=why)
     d.extra["key"] = "mbu"
     diffs.append(d)
@@ -314,8 +346,10 @@ def compare_recordings(a_paths: list[str], b_paths: list[str], *, resamples: int
         if abs(d.diff) <= worst:
             d.significant = False
             d.verdict = "not established (drift)"
-            d.reason = (f"the quarters of one recording already differ by {worst:.4g} {d.unit}, as much as the "
-                        f"A/B difference ({abs(d.diff):.4g}): this may be the machine, not the change")  # fmt: skip
+            d.reason = (
+                f"the quarters of one recording already differ by {worst:.4g} {d.unit}, as much as the "
+                f"A/B difference ({abs(d.diff):.4g}): this may be the machine, not the change"
+            )
     n_rounds = min(len(A.parts), len(B.parts))
     if n_rounds >= 2:
         rounds = []
@@ -337,8 +371,16 @@ def compare_recordings(a_paths: list[str], b_paths: list[str], *, resamples: int
             fva = [float(v) for v in va if v is not None]
             med = float(np.median(fva))
             a_spread: float | None = (max(fva) - min(fva)) / abs(med) if med else None
-            rounds.append({"key": key, "a": va, "b": vb, "diffs": dd, "consistent_sign": consistent,
-                           "a_spread_rel": None if a_spread is None else round(float(a_spread), 4)})  # fmt: skip
+            rounds.append(
+                {
+                    "key": key,
+                    "a": va,
+                    "b": vb,
+                    "diffs": dd,
+                    "consistent_sign": consistent,
+                    "a_spread_rel": None if a_spread is None else round(float(a_spread), 4),
+                }
+            )
             if d.significant and not consistent:
                 d.significant = False
                 d.verdict = "not established (rounds disagree)"
@@ -352,8 +394,10 @@ def compare_recordings(a_paths: list[str], b_paths: list[str], *, resamples: int
     for d in sig:
         assert d.diff is not None
         direction = "higher" if d.diff > 0 else "lower"
-        summary.append(f"{d.metric}: B is {abs(d.diff):.4g} {d.unit} {direction} than A "
-                       f"({d.rel:+.1%} of A; 95% CI [{d.ci_low:.4g}, {d.ci_high:.4g}]) — significant")  # fmt: skip
+        summary.append(
+            f"{d.metric}: B is {abs(d.diff):.4g} {d.unit} {direction} than A "
+            f"({d.rel:+.1%} of A; 95% CI [{d.ci_low:.4g}, {d.ci_high:.4g}]) — significant"
+        )
     if not sig:
         tested = [d for d in diffs if d.p is not None]
         drifted = [d.metric for d in tested if d.verdict.startswith("not established")]
@@ -443,8 +487,11 @@ def _stage_rows(A: RecSeries, B: RecSeries) -> dict[str, dict[str, float | None]
             tot = sum(float(p["stage_sum_ms"][i]) for p in side.parts if i < len(p["stage_sum_ms"]))
             vals.append(tot / steps if steps else None)
         if any(vals):
-            out[n] = {"a": vals[0], "b": vals[1],
-                      "diff": (vals[1] - vals[0]) if vals[0] is not None and vals[1] is not None else None}  # fmt: skip
+            out[n] = {
+                "a": vals[0],
+                "b": vals[1],
+                "diff": (vals[1] - vals[0]) if vals[0] is not None and vals[1] is not None else None,
+            }
     return out
 
 
@@ -476,8 +523,10 @@ def _config_note(cdiff: list[dict[str, Any]]) -> str:
     names = ", ".join(d["field"] for d in cdiff)
     if len(cdiff) == 1:
         return f"B differs from A in one configuration field ({names}): the comparison isolates that change."
-    return (f"A and B differ in {len(cdiff)} configuration fields ({names}): this compares two configurations, "
-            "not the isolated cost of one feature; it cannot be split into per-field gains.")  # fmt: skip
+    return (
+        f"A and B differ in {len(cdiff)} configuration fields ({names}): this compares two configurations, "
+        "not the isolated cost of one feature; it cannot be split into per-field gains."
+    )
 
 
 # --------------------------------------------------------------------------- bundles
@@ -500,14 +549,20 @@ def compare_bundles(a_path: str, b_path: str, top: int = 20) -> dict[str, Any]:
         warnings.append("a contract is missing: configuration differences cannot be listed in full")
     for lab, r in (("A", ra), ("B", rb)):
         if not r["complete"]:
-            warnings.append(f"{lab} is incomplete ({'; '.join(r['problems'][:3])}): what is missing there is "
-                            "not a saving or a cost")  # fmt: skip
+            warnings.append(
+                f"{lab} is incomplete ({'; '.join(r['problems'][:3])}): what is missing there is "
+                "not a saving or a cost"
+            )
     if ra.get("mode") != rb.get("mode"):
-        warnings.append(f"A was captured in {ra.get('mode')} mode and B in {rb.get('mode')} mode: full mode records more "
-                        "and runs slower; that is not an engine difference — compare matching modes")  # fmt: skip
+        warnings.append(
+            f"A was captured in {ra.get('mode')} mode and B in {rb.get('mode')} mode: full mode records more "
+            "and runs slower; that is not an engine difference — compare matching modes"
+        )
     if ra.get("steps_found") != rb.get("steps_found"):
-        warnings.append(f"the windows differ ({ra.get('steps_found')} vs {rb.get('steps_found')} steps): figures "
-                        "are per step")  # fmt: skip
+        warnings.append(
+            f"the windows differ ({ra.get('steps_found')} vs {rb.get('steps_found')} steps): figures "
+            "are per step"
+        )
     na = ra.get("steps_found") or 1
     nb = rb.get("steps_found") or 1
 
@@ -521,10 +576,18 @@ def compare_bundles(a_path: str, b_path: str, top: int = 20) -> dict[str, Any]:
             sb = y.self_us / 1e3 / nb if y else 0.0
             ka = x.count / na if x else 0.0
             kb = y.count / nb if y else 0.0
-            rows.append({"name": name, "a_ms_per_step": round(sa, 5), "b_ms_per_step": round(sb, 5),
-                         "diff_ms_per_step": round(sb - sa, 5), "a_count_per_step": round(ka, 3),
-                         "b_count_per_step": round(kb, 3), "diff_count_per_step": round(kb - ka, 3),
-                         "only_in": "A" if y is None else "B" if x is None else None})  # fmt: skip
+            rows.append(
+                {
+                    "name": name,
+                    "a_ms_per_step": round(sa, 5),
+                    "b_ms_per_step": round(sb, 5),
+                    "diff_ms_per_step": round(sb - sa, 5),
+                    "a_count_per_step": round(ka, 3),
+                    "b_count_per_step": round(kb, 3),
+                    "diff_count_per_step": round(kb - ka, 3),
+                    "only_in": "A" if y is None else "B" if x is None else None,
+                }
+            )
         rows.sort(key=lambda r: abs(r["diff_ms_per_step"]), reverse=True)
         return rows[:top]
 
@@ -594,9 +657,11 @@ def render_text(res: dict[str, Any]) -> str:
         for lab in ("a", "b"):
             s = res[lab]
             rw = " [random weights]" if s["random_weights"] else ""
-            L.append(f"{lab.upper()}: {', '.join(s['recordings'])} — {s['engine']}{rw}, {s['steps']} steps"
-                     f" ({s['steps_excluded']} profiled/warm-up left out), {s['requests_ok']} requests ok,"
-                     f" {s['requests_failed']} failed")  # fmt: skip
+            L.append(
+                f"{lab.upper()}: {', '.join(s['recordings'])} — {s['engine']}{rw}, {s['steps']} steps"
+                f" ({s['steps_excluded']} profiled/warm-up left out), {s['requests_ok']} requests ok,"
+                f" {s['requests_failed']} failed"
+            )
         L += _config_lines(res)
         L.append("")
         L.append(f"{'metric':<18} {'A':>10} {'B':>10} {'B-A':>10} {'rel':>8}  {'95% CI of B-A':<24} verdict")
@@ -604,8 +669,10 @@ def render_text(res: dict[str, Any]) -> str:
             rel = _f(m["rel_diff"], "{:+.1%}")
             ci = f"[{_f(m['ci95'][0])}, {_f(m['ci95'][1])}]" if m["ci95"][0] is not None else ""
             name = m["metric"] + ("" if m["unit"] in ("fraction",) else f" {m['unit']}")
-            L.append(f"{name[:18]:<18} {_f(m['a']):>10} {_f(m['b']):>10} {_f(m['diff']):>10} {rel:>8}  {ci:<24} "
-                     f"{m['verdict']}")  # fmt: skip
+            L.append(
+                f"{name[:18]:<18} {_f(m['a']):>10} {_f(m['b']):>10} {_f(m['diff']):>10} {rel:>8}  {ci:<24} "
+                f"{m['verdict']}"
+            )
         L.append("")
         for s in res["summary"]:
             L.append(s)
@@ -624,16 +691,25 @@ def render_text(res: dict[str, Any]) -> str:
         dr = res["drift"]
         for m in res["metrics"]:
             if "segment_spread" in m:
-                L.append(f"drift check {m['metric']}: quarters of a recording differ by up to "
-                         f"{m['segment_spread']:.4g} {m['unit']} vs |B-A| {abs(m['diff']):.4g} → {m['verdict']}")  # fmt: skip
+                L.append(
+                    f"drift check {m['metric']}: quarters of a recording differ by up to "
+                    f"{m['segment_spread']:.4g} {m['unit']} vs |B-A| {abs(m['diff']):.4g} → {m['verdict']}"
+                )
         if len(res["a"]["recordings"]) == 1:
-            L.append("one recording per side: run-to-run variation is estimated from inside each recording (time "
-                     "blocks, quarters); interleaved rounds (A B A B ...) establish small differences better")  # fmt: skip
+            L.append(
+                "one recording per side: run-to-run variation is estimated from inside each recording (time "
+                "blocks, quarters); interleaved rounds (A B A B ...) establish small differences better"
+            )
         if dr["rounds"]:
             bad = [r["key"] for r in dr["rounds"]["metrics"] if not r["consistent_sign"]]
-            L.append(f"rounds: {dr['rounds']['n']} interleaved A/B rounds; "
-                     + (f"the difference changes sign across rounds for {', '.join(bad)}" if bad
-                        else "every round's difference has the same sign"))  # fmt: skip
+            L.append(
+                f"rounds: {dr['rounds']['n']} interleaved A/B rounds; "
+                + (
+                    f"the difference changes sign across rounds for {', '.join(bad)}"
+                    if bad
+                    else "every round's difference has the same sign"
+                )
+            )
     else:
         L.append(f"A: {res['a']['bundle']} ({res['a']['mode']}, {res['a']['steps_found']} steps)")
         L.append(f"B: {res['b']['bundle']} ({res['b']['mode']}, {res['b']['steps_found']} steps)")
@@ -657,8 +733,10 @@ def render_text(res: dict[str, Any]) -> str:
             )
             for r in rows:
                 only = f"  (only in {r['only_in']})" if r["only_in"] else ""
-                L.append(f"  {r['name'][:32]:<32} {r['a_ms_per_step']:>10.4f} {r['b_ms_per_step']:>10.4f} "
-                         f"{r['diff_ms_per_step']:>+11.4f} {r['a_count_per_step']:>9.2f} {r['b_count_per_step']:>9.2f}{only}")  # fmt: skip
+                L.append(
+                    f"  {r['name'][:32]:<32} {r['a_ms_per_step']:>10.4f} {r['b_ms_per_step']:>10.4f} "
+                    f"{r['diff_ms_per_step']:>+11.4f} {r['a_count_per_step']:>9.2f} {r['b_count_per_step']:>9.2f}{only}"
+                )
     for w in res["warnings"]:
         L.append(f"warning: {w}")
     if res["kind"] == "recordings":

@@ -13,8 +13,18 @@ from typing import Any
 
 import numpy as np
 
-COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
-          "#CCB974", "#64B5CD"]  # fmt: skip
+COLORS = [
+    "#4C72B0",
+    "#DD8452",
+    "#55A868",
+    "#C44E52",
+    "#8172B3",
+    "#937860",
+    "#DA8BC3",
+    "#8C8C8C",
+    "#CCB974",
+    "#64B5CD",
+]
 A_COLOR, B_COLOR = "#4C72B0", "#C44E52"
 
 
@@ -44,8 +54,14 @@ def _save(fig: Any, path: str) -> str:
     return path
 
 
-def stacked_bars(path: str, bars: Sequence[tuple[str, dict[str, float]]], title: str, ylabel: str = "ms",
-                 totals: Sequence[float | None] | None = None, subtitle: str = "") -> str:  # fmt: skip
+def stacked_bars(
+    path: str,
+    bars: Sequence[tuple[str, dict[str, float]]],
+    title: str,
+    ylabel: str = "ms",
+    totals: Sequence[float | None] | None = None,
+    subtitle: str = "",
+) -> str:
     """One stacked bar per entry (stage → ms); ``totals`` draws each bar's full height as an outline."""
     plt = _plt()
     names: list[str] = []
@@ -75,8 +91,14 @@ def stacked_bars(path: str, bars: Sequence[tuple[str, dict[str, float]]], title:
     return _save(fig, path)
 
 
-def roofline(path: str, series: Sequence[tuple[str, Sequence[tuple[float, float]]]], peak_bw_gbps: float | None,
-             peak_gflops: float | None, title: str, ceiling_source: str | None = None) -> str:  # fmt: skip
+def roofline(
+    path: str,
+    series: Sequence[tuple[str, Sequence[tuple[float, float]]]],
+    peak_bw_gbps: float | None,
+    peak_gflops: float | None,
+    title: str,
+    ceiling_source: str | None = None,
+) -> str:
     """Measured points (intensity FLOP/B, GFLOP/s) against the bandwidth and compute ceilings."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 5))
@@ -106,18 +128,38 @@ def roofline(path: str, series: Sequence[tuple[str, Sequence[tuple[float, float]
         roof = peak_bw_gbps * grid
         if peak_gflops:
             roof = np.minimum(roof, peak_gflops)
-        ax.plot(grid, roof, color="black", linewidth=1.5,
-                label=f"ceiling: {peak_bw_gbps:.1f} GB/s" + (f", {peak_gflops:.0f} GFLOP/s" if peak_gflops else "") + src)  # fmt: skip
+        ax.plot(
+            grid,
+            roof,
+            color="black",
+            linewidth=1.5,
+            label=f"ceiling: {peak_bw_gbps:.1f} GB/s"
+            + (f", {peak_gflops:.0f} GFLOP/s" if peak_gflops else "")
+            + src,
+        )
         if peak_gflops:
-            ax.axvline(peak_gflops / peak_bw_gbps, color="grey", linestyle=":", linewidth=1,
-                       label=f"machine balance {peak_gflops / peak_bw_gbps:.1f} FLOP/B")  # fmt: skip
+            ax.axvline(
+                peak_gflops / peak_bw_gbps,
+                color="grey",
+                linestyle=":",
+                linewidth=1,
+                label=f"machine balance {peak_gflops / peak_bw_gbps:.1f} FLOP/B",
+            )
     elif peak_gflops:
         ax.axhline(
             peak_gflops, color="black", linewidth=1.5, label=f"compute ceiling {peak_gflops:.0f} GFLOP/s{src}"
         )
     else:
-        ax.text(0.5, 0.95, "no ceiling known: pass --peak-gbps / --peak-gflops or run rltperf calibrate",
-                transform=ax.transAxes, ha="center", va="top", fontsize=8, color="firebrick")  # fmt: skip
+        ax.text(
+            0.5,
+            0.95,
+            "no ceiling known: pass --peak-gbps / --peak-gflops or run rltperf calibrate",
+            transform=ax.transAxes,
+            ha="center",
+            va="top",
+            fontsize=8,
+            color="firebrick",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     from matplotlib.ticker import FuncFormatter, LogLocator
@@ -151,8 +193,13 @@ def exit_depth(path: str, hists: Sequence[tuple[str, Sequence[int]]], title: str
         share = arr / tot if tot else arr
         mean = float((arr * x).sum() / tot) if tot else float("nan")
         color = [A_COLOR, B_COLOR][i] if k == 2 else COLORS[i % len(COLORS)]
-        ax.bar(x + (i - (k - 1) / 2) * w, share, width=w, color=color,
-               label=f"{label}: {int(tot)} tokens, mean depth {mean:.2f}")  # fmt: skip
+        ax.bar(
+            x + (i - (k - 1) / 2) * w,
+            share,
+            width=w,
+            color=color,
+            label=f"{label}: {int(tot)} tokens, mean depth {mean:.2f}",
+        )
     top = max((max(h) / sum(h) for _, h in hists if h and sum(h)), default=1.0)
     ax.set_ylim(0, top * 1.35)  # headroom for the legend above the bars
     ax.set_xticks(x)
@@ -181,8 +228,11 @@ def cdfs(path: str, panels: Sequence[tuple[str, str, Sequence[tuple[str, Any]]]]
             y = np.arange(1, n + 1) / n
             p99 = float(np.percentile(v, 99))
             if n > 600:  # the curve at 600 quantiles looks the same and draws far faster
-                pick = np.unique(np.concatenate([np.linspace(0, v.size - 1, 500).astype(int),
-                                                 np.arange(max(0, v.size - 100), v.size)]))  # fmt: skip
+                pick = np.unique(
+                    np.concatenate(
+                        [np.linspace(0, v.size - 1, 500).astype(int), np.arange(max(0, v.size - 100), v.size)]
+                    )
+                )
                 v, y = v[pick], y[pick]
             color = [A_COLOR, B_COLOR][i] if len(series) == 2 else COLORS[i % len(COLORS)]
             tail = f"P99 {p99:.3g} {unit}" if n >= 100 else f"max {v[-1]:.3g} {unit} (too few for a P99)"

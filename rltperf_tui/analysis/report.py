@@ -85,8 +85,13 @@ def _pct(x: list[float] | np.ndarray) -> dict[str, float | None]:
     if a.size == 0:
         return {"p50": None, "p95": None, "p99": None, "mean": None, "max": None}
     q = np.percentile(a, [50, 95, 99])
-    return {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
-            "mean": round(float(a.mean()), 4), "max": round(float(a.max()), 4)}  # fmt: skip
+    return {
+        "p50": round(float(q[0]), 4),
+        "p95": round(float(q[1]), 4),
+        "p99": round(float(q[2]), 4),
+        "mean": round(float(a.mean()), 4),
+        "max": round(float(a.max()), 4),
+    }
 
 
 @dataclass
@@ -115,16 +120,23 @@ def _read_steps_jsonl(path: str, problems: list[str]) -> list[dict[str, Any]]:
                 try:
                     out.append(json.loads(line))
                 except ValueError:
-                    problems.append(f"steps.jsonl: line {i} is not valid JSON (the file is cut or damaged); "
-                                    f"{len(out)} records read before it")  # fmt: skip
+                    problems.append(
+                        f"steps.jsonl: line {i} is not valid JSON (the file is cut or damaged); "
+                        f"{len(out)} records read before it"
+                    )
                     break
     except OSError as exc:
         problems.append(f"steps.jsonl cannot be read: {exc.strerror}")
     return out
 
 
-def analyze_bundle(path: str, top: int = 15, kernel_wait_us: float = T.DEFAULT_KERNEL_WAIT_US,
-                   peak_gbps: float | None = None, peak_gflops: float | None = None) -> BundleAnalysis:  # fmt: skip
+def analyze_bundle(
+    path: str,
+    top: int = 15,
+    kernel_wait_us: float = T.DEFAULT_KERNEL_WAIT_US,
+    peak_gbps: float | None = None,
+    peak_gflops: float | None = None,
+) -> BundleAnalysis:
     """Read a bundle folder (or a bare trace file) and build its report dict.
 
     Raises ``ReportError`` only when ``path`` is neither a folder nor a trace file.
@@ -326,8 +338,15 @@ def analyze_bundle(path: str, top: int = 15, kernel_wait_us: float = T.DEFAULT_K
         memory = mem
         stacks = {"python_function_events": n_py}
         if mode == "full" and trace is not None and events:
-            lacking = [what for what, ok in (("input shapes", has_shapes), ("memory events", bool(mem)),
-                                             ("Python stacks", n_py > 0)) if not ok]  # fmt: skip
+            lacking = [
+                what
+                for what, ok in (
+                    ("input shapes", has_shapes),
+                    ("memory events", bool(mem)),
+                    ("Python stacks", n_py > 0),
+                )
+                if not ok
+            ]
             if lacking:
                 problems.append(
                     f"full capture without {', '.join(lacking)} in the trace: those artifacts are missing"
@@ -434,8 +453,11 @@ def _ceiling(meta: dict[str, Any] | None, gbps: float | None, gflops: float | No
         return {"peak_bw_gbps": gbps, "peak_gflops": gflops, "source": "command line"}
     c = (meta or {}).get("ceiling")
     if isinstance(c, dict) and (c.get("peak_bw_gbps") or c.get("peak_gflops")):
-        return {"peak_bw_gbps": c.get("peak_bw_gbps"), "peak_gflops": c.get("peak_gflops"),
-                "source": c.get("source", "meta.json")}  # fmt: skip
+        return {
+            "peak_bw_gbps": c.get("peak_bw_gbps"),
+            "peak_gflops": c.get("peak_gflops"),
+            "source": c.get("source", "meta.json"),
+        }
     return None
 
 
@@ -448,8 +470,12 @@ def _context(recs: list[dict[str, Any]], ids: list[int]) -> dict[str, Any] | Non
     def ms(r: dict[str, Any]) -> float:
         return (r.get("end_ns", 0) - r.get("start_ns", 0)) / 1e6
 
-    before = [ms(r) for r in recs if r.get("window") == "before"
-              and not (r.get("flags", 0) & (FLAG_PROFILED | FLAG_WARMUP | FLAG_EXPORTING))]  # fmt: skip
+    before = [
+        ms(r)
+        for r in recs
+        if r.get("window") == "before"
+        and not (r.get("flags", 0) & (FLAG_PROFILED | FLAG_WARMUP | FLAG_EXPORTING))
+    ]
     captured = [ms(r) for r in recs if r.get("window") == "captured" or r.get("step_id") in idset]
     after_exp = [ms(r) for r in recs if r.get("window") == "after" and r.get("flags", 0) & FLAG_EXPORTING]
     out: dict[str, Any] = {
@@ -476,8 +502,15 @@ def roofline_points(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         # steps under the profiler, its export or the engine's warm-up are not baseline points
         profiled = bool(r.get("flags", 0) & (FLAG_PROFILED | FLAG_EXPORTING | FLAG_WARMUP))
-        pts.append({"intensity": fl / b, "gflops": fl / dt / 1e9, "gbps": b / dt / 1e9, "profiled": profiled,
-                    "window": r.get("window")})  # fmt: skip
+        pts.append(
+            {
+                "intensity": fl / b,
+                "gflops": fl / dt / 1e9,
+                "gbps": b / dt / 1e9,
+                "profiled": profiled,
+                "window": r.get("window"),
+            }
+        )
     return pts
 
 
@@ -511,9 +544,11 @@ def render_text(rep: dict[str, Any], max_steps: int = 24) -> str:
     L.append("PROFILED: " + rep["note"])
     L.append("")
     status = "COMPLETE" if rep["complete"] else "INCOMPLETE"
-    L.append(f"{status}: steps requested {_f(rep['steps_requested'], '{}')}, recorded in meta.json "
-             f"{_f(rep['steps_recorded'], '{}')}, found in the trace {_f(rep['steps_found'], '{}')} "
-             f"({rep.get('step_source') or 'no trace'})")  # fmt: skip
+    L.append(
+        f"{status}: steps requested {_f(rep['steps_requested'], '{}')}, recorded in meta.json "
+        f"{_f(rep['steps_recorded'], '{}')}, found in the trace {_f(rep['steps_found'], '{}')} "
+        f"({rep.get('step_source') or 'no trace'})"
+    )
     for p in rep["problems"]:
         L.append(f"  problem: {p}")
     for n in rep["notes"]:
@@ -530,13 +565,17 @@ def render_text(rep: dict[str, Any], max_steps: int = 24) -> str:
         L.append(hdr)
         for d in steps[:max_steps]:
             sid = d["step_id"] if d["step_id"] is not None else f"#{d['index']}"
-            L.append(f"{sid!s:>8} {(d['kind'] or '-'):>8} {_f(d['step_ms']):>9} {_f(d['cycle_ms']):>9}"
-                     + "".join(f" {_f(d['stage_ms'].get(n)):>10}" for n in names))  # fmt: skip
+            L.append(
+                f"{sid!s:>8} {(d['kind'] or '-'):>8} {_f(d['step_ms']):>9} {_f(d['cycle_ms']):>9}"
+                + "".join(f" {_f(d['stage_ms'].get(n)):>10}" for n in names)
+            )
         if len(steps) > max_steps:
             L.append(f"   … {len(steps) - max_steps} more steps (--json has all)")
         sm = rep["step_ms"]
-        L.append(f"step ms  p50 {_f(sm['p50'])}  p95 {_f(sm['p95'])}  p99 {_f(sm['p99'])}  max {_f(sm['max'])}  "
-                 f"(profiled, {len(steps)} steps)")  # fmt: skip
+        L.append(
+            f"step ms  p50 {_f(sm['p50'])}  p95 {_f(sm['p95'])}  p99 {_f(sm['p99'])}  max {_f(sm['max'])}  "
+            f"(profiled, {len(steps)} steps)"
+        )
     if rep["stage_ms"]:
         L.append("")
         L.append("stages    p50 ms    max ms   share of step time")
@@ -547,14 +586,20 @@ def render_text(rep: dict[str, Any], max_steps: int = 24) -> str:
     ib = rep["idle_breakdown"]
     if ib:
         L.append("")
-        L.append(f"idle ({ib['basis']}) over the {ib['window_s'] * 1e3:.2f} ms window: "
-                 f"{_f(ib['idle_fraction'], '{:.1%}')} idle, busy {ib['busy_s'] * 1e3:.2f} ms")  # fmt: skip
-        L.append(f"  host wait {_f(ib['host_wait_fraction'], '{:.1%}')}   kernel wait "
-                 f"{_f(ib['kernel_wait_fraction'], '{:.1%}')}   other {_f(ib['other_fraction'], '{:.1%}')}"
-                 f"   (kernel-wait threshold {ib['kernel_wait_threshold_us']:g} µs)")  # fmt: skip
+        L.append(
+            f"idle ({ib['basis']}) over the {ib['window_s'] * 1e3:.2f} ms window: "
+            f"{_f(ib['idle_fraction'], '{:.1%}')} idle, busy {ib['busy_s'] * 1e3:.2f} ms"
+        )
+        L.append(
+            f"  host wait {_f(ib['host_wait_fraction'], '{:.1%}')}   kernel wait "
+            f"{_f(ib['kernel_wait_fraction'], '{:.1%}')}   other {_f(ib['other_fraction'], '{:.1%}')}"
+            f"   (kernel-wait threshold {ib['kernel_wait_threshold_us']:g} µs)"
+        )
         if ib["within_steps_s"] is not None:
-            L.append(f"  idle inside steps {ib['within_steps_s'] * 1e3:.2f} ms, between steps "
-                     f"{ib['between_steps_s'] * 1e3:.2f} ms; longest gap {ib['longest_gap_ms']:.2f} ms")  # fmt: skip
+            L.append(
+                f"  idle inside steps {ib['within_steps_s'] * 1e3:.2f} ms, between steps "
+                f"{ib['between_steps_s'] * 1e3:.2f} ms; longest gap {ib['longest_gap_ms']:.2f} ms"
+            )
         L.append(f"  {ib['note']}")
     to = rep["top_ops"]
     if to["host"]:
@@ -582,24 +627,33 @@ def render_text(rep: dict[str, Any], max_steps: int = 24) -> str:
             )
     if rep.get("memory"):
         for m in rep["memory"]:
-            L.append(f"memory {m['device']}: peak allocated {m['peak_allocated_bytes'] / 2**20:.2f} MiB, "
-                     f"largest allocation {m['largest_allocation_bytes'] / 2**20:.2f} MiB ({m['events']} events)")  # fmt: skip
+            L.append(
+                f"memory {m['device']}: peak allocated {m['peak_allocated_bytes'] / 2**20:.2f} MiB, "
+                f"largest allocation {m['largest_allocation_bytes'] / 2**20:.2f} MiB ({m['events']} events)"
+            )
     if rep.get("stacks") is not None:
         L.append(f"stacks: {rep['stacks']['python_function_events']} Python function events")
     ctx = rep.get("unprofiled_context")
     if ctx and ctx["steps_before"]:
         L.append("")
-        L.append(f"probe step times: unprofiled before the window p50 {_f(ctx['unprofiled_before_ms']['p50'])} ms "
-                 f"({ctx['steps_before']} steps); captured p50 {_f(ctx['captured_probe_ms']['p50'])} ms "
-                 f"→ profiler slow-down x{_f(ctx['profiler_slowdown_p50'], '{:.2f}')}")  # fmt: skip
+        L.append(
+            f"probe step times: unprofiled before the window p50 {_f(ctx['unprofiled_before_ms']['p50'])} ms "
+            f"({ctx['steps_before']} steps); captured p50 {_f(ctx['captured_probe_ms']['p50'])} ms "
+            f"→ profiler slow-down x{_f(ctx['profiler_slowdown_p50'], '{:.2f}')}"
+        )
     cap = rep["capture"]
     L.append("")
-    L.append(f"capture: export {_f(cap.get('export_s'), '{:.3f}')} s, trace {_f(cap.get('trace_bytes'), '{:,}')} bytes, "
-             f"{_f(cap.get('events'), '{:,}')} events" + (", COLD profiler (first-use cost in the window)" if cap.get("cold") else ""))  # fmt: skip
+    L.append(
+        f"capture: export {_f(cap.get('export_s'), '{:.3f}')} s, trace {_f(cap.get('trace_bytes'), '{:,}')} bytes, "
+        f"{_f(cap.get('events'), '{:,}')} events"
+        + (", COLD profiler (first-use cost in the window)" if cap.get("cold") else "")
+    )
     if rep["contract"] is not None:
         unk = rep["unknown_contract_fields"]
-        L.append(f"contract: {len(rep['contract'])} fields, {len(unk)} unknown"
-                 + (": " + ", ".join(unk) if unk else ""))  # fmt: skip
+        L.append(
+            f"contract: {len(rep['contract'])} fields, {len(unk)} unknown"
+            + (": " + ", ".join(unk) if unk else "")
+        )
     else:
         L.append("contract: missing")
     if rep.get("pngs"):

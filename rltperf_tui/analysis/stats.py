@@ -91,8 +91,14 @@ def block_indices(n: int, block: int, resamples: int, rng: np.random.Generator) 
     return idx[:, :n]
 
 
-def _boot_stat(x: np.ndarray, stat: Callable[[np.ndarray], np.ndarray], block: int, resamples: int,
-               rng: np.random.Generator, chunk_elems: int = 4_000_000) -> np.ndarray:  # fmt: skip
+def _boot_stat(
+    x: np.ndarray,
+    stat: Callable[[np.ndarray], np.ndarray],
+    block: int,
+    resamples: int,
+    rng: np.random.Generator,
+    chunk_elems: int = 4_000_000,
+) -> np.ndarray:
     """``stat`` (applied along axis 1) of ``resamples`` block-bootstrap resamples of ``x``."""
     n = x.size
     out = np.empty(resamples)
@@ -152,12 +158,22 @@ class Diff:
             return None if v is None or not math.isfinite(v) else round(v, nd)
 
         d = {
-            "metric": self.metric, "unit": self.unit, "a": r(self.a), "b": r(self.b),
-            "diff": r(self.diff), "rel_diff": r(self.rel, 4), "ci95": [r(self.ci_low), r(self.ci_high)],
-            "p": r(self.p, 5), "p_holm": r(self.p_holm, 5), "significant": self.significant,
-            "verdict": self.verdict, "reason": self.reason, "n_a": self.n_a, "n_b": self.n_b,
+            "metric": self.metric,
+            "unit": self.unit,
+            "a": r(self.a),
+            "b": r(self.b),
+            "diff": r(self.diff),
+            "rel_diff": r(self.rel, 4),
+            "ci95": [r(self.ci_low), r(self.ci_high)],
+            "p": r(self.p, 5),
+            "p_holm": r(self.p_holm, 5),
+            "significant": self.significant,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "n_a": self.n_a,
+            "n_b": self.n_b,
             "block": self.block,
-        }  # fmt: skip
+        }
         d.update(self.extra)
         return d
 
@@ -173,9 +189,18 @@ def _p_two_sided(boot_diffs: np.ndarray, observed: float) -> float:
     return min(1.0, 2 * (k + 1) / (n + 1))
 
 
-def compare_stat(metric: str, unit: str, a: np.ndarray, b: np.ndarray, q: float | None,
-                 rng: np.random.Generator, resamples: int = DEFAULT_RESAMPLES,
-                 block: bool = True, min_block_a: int = 1, min_block_b: int = 1) -> Diff:  # fmt: skip
+def compare_stat(
+    metric: str,
+    unit: str,
+    a: np.ndarray,
+    b: np.ndarray,
+    q: float | None,
+    rng: np.random.Generator,
+    resamples: int = DEFAULT_RESAMPLES,
+    block: bool = True,
+    min_block_a: int = 1,
+    min_block_b: int = 1,
+) -> Diff:
     """Percentile ``q`` (or the mean when None) of ``a`` vs ``b`` with a bootstrap CI.
 
     Block lengths come from ``auto_block_length`` but are at least ``min_block_a/b``
@@ -187,12 +212,19 @@ def compare_stat(metric: str, unit: str, a: np.ndarray, b: np.ndarray, q: float 
     b = b[np.isfinite(b)]
     need = min_samples(q)
     if a.size < need or b.size < need:
-        d = Diff(metric, unit, float(np.percentile(a, q) if q is not None else a.mean()) if a.size else None,
-                 float(np.percentile(b, q) if q is not None else b.mean()) if b.size else None,
-                 n_a=int(a.size), n_b=int(b.size))  # fmt: skip
+        d = Diff(
+            metric,
+            unit,
+            float(np.percentile(a, q) if q is not None else a.mean()) if a.size else None,
+            float(np.percentile(b, q) if q is not None else b.mean()) if b.size else None,
+            n_a=int(a.size),
+            n_b=int(b.size),
+        )
         d.verdict = "no data" if not (a.size and b.size) else "too few samples"
-        d.reason = (f"{a.size} samples in A, {b.size} in B; "
-                    f"{'P' + format(q, 'g') if q is not None else 'the mean'} needs at least {need}")  # fmt: skip
+        d.reason = (
+            f"{a.size} samples in A, {b.size} in B; "
+            f"{'P' + format(q, 'g') if q is not None else 'the mean'} needs at least {need}"
+        )
         if d.a is not None and d.b is not None:
             d.diff = d.b - d.a
         return d
@@ -206,9 +238,20 @@ def compare_stat(metric: str, unit: str, a: np.ndarray, b: np.ndarray, q: float 
     bd = bb - ba
     obs = vb - va
     lo, hi = (float(v) for v in np.percentile(bd, [2.5, 97.5]))
-    return Diff(metric, unit, va, vb, n_a=int(a.size), n_b=int(b.size), diff=obs,
-                rel=(obs / abs(va)) if va else None, ci_low=lo, ci_high=hi,
-                p=_p_two_sided(bd, obs), block=max(la, lb))  # fmt: skip
+    return Diff(
+        metric,
+        unit,
+        va,
+        vb,
+        n_a=int(a.size),
+        n_b=int(b.size),
+        diff=obs,
+        rel=(obs / abs(va)) if va else None,
+        ci_low=lo,
+        ci_high=hi,
+        p=_p_two_sided(bd, obs),
+        block=max(la, lb),
+    )
 
 
 @dataclass
@@ -223,8 +266,14 @@ class BlockSums:
     bytes_known: np.ndarray
 
 
-def block_sums(start_ns: np.ndarray, end_ns: np.ndarray, tokens: np.ndarray, busy_ns: np.ndarray,
-               nbytes: np.ndarray, block: int) -> BlockSums:  # fmt: skip
+def block_sums(
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    tokens: np.ndarray,
+    busy_ns: np.ndarray,
+    nbytes: np.ndarray,
+    block: int,
+) -> BlockSums:
     """Cut a step series into contiguous blocks of ``block`` steps; each block's span runs
     from its first step's start to the next block's first start (the last: to its end),
     so the spans add up to the whole series' wall time."""
@@ -244,8 +293,14 @@ def block_sums(start_ns: np.ndarray, end_ns: np.ndarray, tokens: np.ndarray, bus
         yk = ~np.isnan(ysl)
         byt.append(ysl[yk].sum())
         byk.append(yk.any())
-    return BlockSums(np.array(spans), np.array(tok, dtype=np.float64), np.array(busy), np.array(bk),
-                     np.array(byt, dtype=np.float64), np.array(byk))  # fmt: skip
+    return BlockSums(
+        np.array(spans),
+        np.array(tok, dtype=np.float64),
+        np.array(busy),
+        np.array(bk),
+        np.array(byt, dtype=np.float64),
+        np.array(byk),
+    )
 
 
 def ratio_metric(
@@ -268,15 +323,31 @@ def ratio_metric(
     return f
 
 
-def compare_ratio(metric: str, unit: str, a: BlockSums, b: BlockSums, which: str, rng: np.random.Generator,
-                  resamples: int = DEFAULT_RESAMPLES, peak_bw_gbps: float | None = None) -> Diff:  # fmt: skip
+def compare_ratio(
+    metric: str,
+    unit: str,
+    a: BlockSums,
+    b: BlockSums,
+    which: str,
+    rng: np.random.Generator,
+    resamples: int = DEFAULT_RESAMPLES,
+    peak_bw_gbps: float | None = None,
+) -> Diff:
     """A ratio metric of A vs B, bootstrapping the (time-sized) blocks of steps."""
     fa = ratio_metric(a, which, peak_bw_gbps)
     fb = ratio_metric(b, which, peak_bw_gbps)
     na, nb = a.span_s.size, b.span_s.size
     if na < 2 or nb < 2:
-        return Diff(metric, unit, None, None, n_a=na, n_b=nb, verdict="too few samples",
-                    reason=f"{na} blocks in A, {nb} in B")  # fmt: skip
+        return Diff(
+            metric,
+            unit,
+            None,
+            None,
+            n_a=na,
+            n_b=nb,
+            verdict="too few samples",
+            reason=f"{na} blocks in A, {nb} in B",
+        )
     va = float(fa(np.arange(na)[None, :])[0])
     vb = float(fb(np.arange(nb)[None, :])[0])
     ia = rng.integers(0, na, size=(resamples, na))
@@ -285,8 +356,19 @@ def compare_ratio(metric: str, unit: str, a: BlockSums, b: BlockSums, which: str
     bd = bd[np.isfinite(bd)]
     obs = vb - va
     lo, hi = (float(v) for v in np.percentile(bd, [2.5, 97.5]))
-    return Diff(metric, unit, va, vb, n_a=na, n_b=nb, diff=obs, rel=(obs / abs(va)) if va else None,
-                ci_low=lo, ci_high=hi, p=_p_two_sided(bd, obs))  # fmt: skip
+    return Diff(
+        metric,
+        unit,
+        va,
+        vb,
+        n_a=na,
+        n_b=nb,
+        diff=obs,
+        rel=(obs / abs(va)) if va else None,
+        ci_low=lo,
+        ci_high=hi,
+        p=_p_two_sided(bd, obs),
+    )
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -301,8 +383,12 @@ def holm(pvalues: list[float]) -> list[float]:
     return adj
 
 
-def decide(diffs: list[Diff], alpha: float = DEFAULT_ALPHA, min_effect: float = DEFAULT_MIN_EFFECT,
-           abs_floor: dict[str, float] | None = None) -> None:  # fmt: skip
+def decide(
+    diffs: list[Diff],
+    alpha: float = DEFAULT_ALPHA,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    abs_floor: dict[str, float] | None = None,
+) -> None:
     """Holm-correct the p-values of the tested diffs and set verdict/significant/reason.
 
     ``abs_floor`` maps a unit (e.g. ``"ms"``) to the smallest absolute difference of
@@ -321,8 +407,10 @@ def decide(diffs: list[Diff], alpha: float = DEFAULT_ALPHA, min_effect: float = 
             d.reason = f"95% CI {ci} {d.unit} includes 0 or p={pa:.3g} after Holm over {len(tested)} metrics"
         elif abs(d.diff) < need:
             d.verdict = "within noise"
-            d.reason = (f"|diff| {abs(d.diff):.4g} {d.unit} is below the smallest effect of interest "
-                        f"({need:.4g} {d.unit})")  # fmt: skip
+            d.reason = (
+                f"|diff| {abs(d.diff):.4g} {d.unit} is below the smallest effect of interest "
+                f"({need:.4g} {d.unit})"
+            )
         else:
             d.significant = True
             d.verdict = "significant"

@@ -64,8 +64,14 @@ def _start_engine(snap: str) -> tuple[subprocess.Popen[str], str, str]:
     env = dict(os.environ)
     root = str(script.parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen([sys.executable, str(script), "--duration", "600", "--snapshots", snap],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=root)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "--duration", "600", "--snapshots", snap],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=root,
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -123,8 +129,11 @@ def _one_capture(session: Any, mode: str, steps: int, history: list[Any]) -> dic
     ids = cap.get("step_ids") or []
     by_id = {r.step_id: r for r in history}
     first = by_id.get(ids[0]) if ids else None
-    base = [(r.end_ns - r.start_ns) / 1e6 for r in history
-            if r.end_ns < req_ns and not r.flags & (FLAG_PROFILED | FLAG_EXPORTING | FLAG_WARMUP)][-400:]  # fmt: skip
+    base = [
+        (r.end_ns - r.start_ns) / 1e6
+        for r in history
+        if r.end_ns < req_ns and not r.flags & (FLAG_PROFILED | FLAG_EXPORTING | FLAG_WARMUP)
+    ][-400:]
     captured = [(by_id[i].end_ns - by_id[i].start_ns) / 1e6 for i in ids if i in by_id]
     exporting = [
         (r.end_ns - r.start_ns) / 1e6 for r in history if r.flags & FLAG_EXPORTING and r.start_ns > req_ns
@@ -200,8 +209,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     per_mode: dict[str, Any] = {}
     for mode in modes:
         rs = [r for r in runs if r["mode"] == mode and "error" not in r]
-        keys = ("to_first_step_ms", "to_first_step_steps", "slowdown", "export_s", "trace_bytes_per_step",
-                "events_per_step", "export_overlap_slowdown", "baseline_step_ms_p50", "captured_step_ms_p50")  # fmt: skip
+        keys = (
+            "to_first_step_ms",
+            "to_first_step_steps",
+            "slowdown",
+            "export_s",
+            "trace_bytes_per_step",
+            "events_per_step",
+            "export_overlap_slowdown",
+            "baseline_step_ms_p50",
+            "captured_step_ms_p50",
+        )
         per_mode[mode] = {k: _med([r[k] for r in rs if r.get(k) is not None]) for k in keys}
         per_mode[mode]["captures"] = len(rs)
         per_mode[mode]["failed"] = [r["error"] for r in runs if r["mode"] == mode and "error" in r]
@@ -220,18 +238,26 @@ def print_text(r: dict[str, Any]) -> None:
     def f(v: Any, fmt: str = "{:.2f}") -> str:
         return "n/a" if v is None else fmt.format(v)
 
-    print(f"capture cost on {r['engine']}: {r['repeats']} captures of {r['steps_per_capture']} steps per mode "
-          f"({r['statistics']})")  # fmt: skip
-    print(f"{'mode':<6} {'to 1st step':>12} {'(steps)':>8} {'slow-down':>10} {'export s':>9} {'KiB/step':>9} "
-          f"{'events/step':>12} {'export-overlap':>15}")  # fmt: skip
+    print(
+        f"capture cost on {r['engine']}: {r['repeats']} captures of {r['steps_per_capture']} steps per mode "
+        f"({r['statistics']})"
+    )
+    print(
+        f"{'mode':<6} {'to 1st step':>12} {'(steps)':>8} {'slow-down':>10} {'export s':>9} {'KiB/step':>9} "
+        f"{'events/step':>12} {'export-overlap':>15}"
+    )
     for mode, m in r["modes"].items():
         kib = m["trace_bytes_per_step"] / 1024 if m["trace_bytes_per_step"] is not None else None
-        print(f"{mode:<6} {f(m['to_first_step_ms'], '{:.2f} ms'):>12} {f(m['to_first_step_steps'], '{:.0f}'):>8} "
-              f"{f(m['slowdown'], 'x{:.2f}'):>10} {f(m['export_s'], '{:.3f}'):>9} {f(kib, '{:.1f}'):>9} "
-              f"{f(m['events_per_step'], '{:.0f}'):>12} {f(m['export_overlap_slowdown'], 'x{:.2f}'):>15}")  # fmt: skip
+        print(
+            f"{mode:<6} {f(m['to_first_step_ms'], '{:.2f} ms'):>12} {f(m['to_first_step_steps'], '{:.0f}'):>8} "
+            f"{f(m['slowdown'], 'x{:.2f}'):>10} {f(m['export_s'], '{:.3f}'):>9} {f(kib, '{:.1f}'):>9} "
+            f"{f(m['events_per_step'], '{:.0f}'):>12} {f(m['export_overlap_slowdown'], 'x{:.2f}'):>15}"
+        )
         for e in m["failed"]:
             print(f"   failed: {e}")
     b: dict[str, Any] = next(iter(r["modes"].values()), {})
-    print(f"unprofiled step p50 {f(b.get('baseline_step_ms_p50'), '{:.3f}')} ms; slow-down = captured step p50 / "
-          "unprofiled p50; to 1st step includes the profiler's warm-up step")  # fmt: skip
+    print(
+        f"unprofiled step p50 {f(b.get('baseline_step_ms_p50'), '{:.3f}')} ms; slow-down = captured step p50 / "
+        "unprofiled p50; to 1st step includes the profiler's warm-up step"
+    )
     print("OK" if r["ok"] else "SOME CAPTURES FAILED")

@@ -38,12 +38,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="two recordings, interleaved A B pairs, or two bundle folders",
     )
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    p.add_argument("--png", metavar="DIR", default=None,
-                   help="also write charts to DIR: overlaid CDFs, stages, roofline, exit depths")  # fmt: skip
+    p.add_argument(
+        "--png",
+        metavar="DIR",
+        default=None,
+        help="also write charts to DIR: overlaid CDFs, stages, roofline, exit depths",
+    )
     p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--alpha", type=float, default=0.05, help="family-wise significance level (default 0.05)")
-    p.add_argument("--min-effect", type=float, default=0.05,
-                   help="smallest relative difference of interest (default 0.05 = 5%% of A; 0 disables)")  # fmt: skip
+    p.add_argument(
+        "--min-effect",
+        type=float,
+        default=0.05,
+        help="smallest relative difference of interest (default 0.05 = 5%% of A; 0 disables)",
+    )
     p.add_argument("--peak-gbps", type=float, default=None, help="peak memory bandwidth for MBU (both sides)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default 0)")
     p.add_argument("--top", type=int, default=20, help="bundles: operators listed (default 20)")
@@ -81,8 +89,13 @@ def write_pngs_recordings(res: dict[str, Any], out: str) -> tuple[list[str], lis
         else:
             skipped.append(f"cdfs.png: no {name} samples in either recording")
     if panels:
-        written.append(plots.cdfs(os.path.join(out, "cdfs.png"), panels,
-                                  "A vs B distributions (unprofiled recordings, pooled samples)"))  # fmt: skip
+        written.append(
+            plots.cdfs(
+                os.path.join(out, "cdfs.png"),
+                panels,
+                "A vs B distributions (unprofiled recordings, pooled samples)",
+            )
+        )
     st = res["stages_ms_mean"]
     if st:
         bars = [
@@ -90,10 +103,16 @@ def write_pngs_recordings(res: dict[str, Any], out: str) -> tuple[list[str], lis
             ("B", {n: v["b"] or 0.0 for n, v in st.items()}),
         ]
         pa = res["metrics"][0]  # step time P50
-        written.append(plots.stacked_bars(os.path.join(out, "step_stages.png"), bars,
-                                          "Mean step time by stage, A vs B (unprofiled recordings)",
-                                          ylabel="ms per step", totals=None,
-                                          subtitle=f"step P50: A {pa['a']:.3g} ms, B {pa['b']:.3g} ms" if pa["a"] else ""))  # fmt: skip
+        written.append(
+            plots.stacked_bars(
+                os.path.join(out, "step_stages.png"),
+                bars,
+                "Mean step time by stage, A vs B (unprofiled recordings)",
+                ylabel="ms per step",
+                totals=None,
+                subtitle=f"step P50: A {pa['a']:.3g} ms, B {pa['b']:.3g} ms" if pa["a"] else "",
+            )
+        )
     else:
         skipped.append("step_stages.png: the engine reports no stages")
     series = []
@@ -107,10 +126,16 @@ def write_pngs_recordings(res: dict[str, Any], out: str) -> tuple[list[str], lis
         series.append((lab, list(zip(xs.tolist(), ys.tolist(), strict=True))))
     if any(s[1] for s in series):
         c = A.ceiling or B.ceiling
-        written.append(plots.roofline(os.path.join(out, "roofline.png"), series,
-                                      c.peak_bw_gbps if c else None, c.peak_gflops if c else None,
-                                      "Roofline, A vs B: analytic FLOPs/bytes per step vs step time (unprofiled)",
-                                      ceiling_source=c.source if c else None))  # fmt: skip
+        written.append(
+            plots.roofline(
+                os.path.join(out, "roofline.png"),
+                series,
+                c.peak_bw_gbps if c else None,
+                c.peak_gflops if c else None,
+                "Roofline, A vs B: analytic FLOPs/bytes per step vs step time (unprofiled)",
+                ceiling_source=c.source if c else None,
+            )
+        )
     else:
         skipped.append("roofline.png: the steps carry no bytes/FLOPs")
     ha, hb = res["exit_hist"]["a"], res["exit_hist"]["b"]
@@ -120,8 +145,11 @@ def write_pngs_recordings(res: dict[str, Any], out: str) -> tuple[list[str], lis
             if res["a"]["random_weights"] or res["b"]["random_weights"]
             else ""
         )
-        written.append(plots.exit_depth(os.path.join(out, "exit_depth.png"), [(la, ha), (lb, hb)],
-                                        f"Exit-depth histogram, A vs B{rw}"))  # fmt: skip
+        written.append(
+            plots.exit_depth(
+                os.path.join(out, "exit_depth.png"), [(la, ha), (lb, hb)], f"Exit-depth histogram, A vs B{rw}"
+            )
+        )
     else:
         skipped.append("exit_depth.png: the engine reports no exit depths")
     return written, skipped
@@ -141,14 +169,26 @@ def write_pngs_bundles(res: dict[str, Any], out: str) -> tuple[list[str], list[s
             ("A", {n: v["a"] or 0.0 for n, v in st.items()}),
             ("B", {n: v["b"] or 0.0 for n, v in st.items()}),
         ]
-        written.append(plots.stacked_bars(os.path.join(out, "step_stages.png"), bars,
-                                          "Mean step time by stage, A vs B (PROFILED captures, not a baseline)",
-                                          ylabel="ms per step (from the traces)"))  # fmt: skip
+        written.append(
+            plots.stacked_bars(
+                os.path.join(out, "step_stages.png"),
+                bars,
+                "Mean step time by stage, A vs B (PROFILED captures, not a baseline)",
+                ylabel="ms per step (from the traces)",
+            )
+        )
     else:
         skipped.append("step_stages.png: no stage ranges in the traces")
-    panels = [("step time in the capture (ms, profiled)", "ms",
-               [("A", [d["step_ms"] or d["cycle_ms"] for d in A.report["steps"]]),
-                ("B", [d["step_ms"] or d["cycle_ms"] for d in B.report["steps"]])])]  # fmt: skip
+    panels = [
+        (
+            "step time in the capture (ms, profiled)",
+            "ms",
+            [
+                ("A", [d["step_ms"] or d["cycle_ms"] for d in A.report["steps"]]),
+                ("B", [d["step_ms"] or d["cycle_ms"] for d in B.report["steps"]]),
+            ],
+        )
+    ]
     written.append(
         plots.cdfs(
             os.path.join(out, "cdfs.png"), panels, "A vs B step times in the capture windows (profiled)"
@@ -157,18 +197,30 @@ def write_pngs_bundles(res: dict[str, Any], out: str) -> tuple[list[str], list[s
     pa, pb = roofline_points(A.step_records), roofline_points(B.step_records)
     if pa or pb:
         ceil = A.report.get("ceiling") or B.report.get("ceiling") or {}
-        written.append(plots.roofline(
-            os.path.join(out, "roofline.png"),
-            [("A unprofiled steps", [(p["intensity"], p["gflops"]) for p in pa if not p["profiled"]]),
-             ("B unprofiled steps", [(p["intensity"], p["gflops"]) for p in pb if not p["profiled"]])],
-            ceil.get("peak_bw_gbps"), ceil.get("peak_gflops"),
-            "Roofline, A vs B: steps around the captures", ceiling_source=ceil.get("source")))  # fmt: skip
+        written.append(
+            plots.roofline(
+                os.path.join(out, "roofline.png"),
+                [
+                    ("A unprofiled steps", [(p["intensity"], p["gflops"]) for p in pa if not p["profiled"]]),
+                    ("B unprofiled steps", [(p["intensity"], p["gflops"]) for p in pb if not p["profiled"]]),
+                ],
+                ceil.get("peak_bw_gbps"),
+                ceil.get("peak_gflops"),
+                "Roofline, A vs B: steps around the captures",
+                ceiling_source=ceil.get("source"),
+            )
+        )
     else:
         skipped.append("roofline.png: the step records carry no bytes/FLOPs")
     ha, hb = exit_histogram(A.step_records), exit_histogram(B.step_records)
     if ha or hb:
-        written.append(plots.exit_depth(os.path.join(out, "exit_depth.png"), [("A", ha), ("B", hb)],
-                                        "Exit-depth histogram, A vs B (steps around the captures)"))  # fmt: skip
+        written.append(
+            plots.exit_depth(
+                os.path.join(out, "exit_depth.png"),
+                [("A", ha), ("B", hb)],
+                "Exit-depth histogram, A vs B (steps around the captures)",
+            )
+        )
     else:
         skipped.append("exit_depth.png: the engine reports no exit depths")
     return written, skipped
@@ -195,8 +247,11 @@ def run(args: argparse.Namespace) -> int:
         print("rltperf compare: error: give two inputs, A and B", file=sys.stderr)
         return 2
     if len(set(kinds)) > 1:
-        print("rltperf compare: error: cannot compare a recording (unprofiled) with a bundle (profiled capture): "
-              "compare recordings with recordings, bundles with bundles", file=sys.stderr)  # fmt: skip
+        print(
+            "rltperf compare: error: cannot compare a recording (unprofiled) with a bundle (profiled capture): "
+            "compare recordings with recordings, bundles with bundles",
+            file=sys.stderr,
+        )
         return 2
     try:
         if kinds[0] == "bundle":
@@ -208,8 +263,15 @@ def run(args: argparse.Namespace) -> int:
             if len(paths) % 2:
                 print("rltperf compare: refused: " + COMBINE_REFUSAL.format(n=len(paths)), file=sys.stderr)
                 return 2
-            res = compare_recordings(paths[0::2], paths[1::2], resamples=args.resamples, alpha=args.alpha,
-                                     min_effect=args.min_effect, peak_gbps=args.peak_gbps, seed=args.seed)  # fmt: skip
+            res = compare_recordings(
+                paths[0::2],
+                paths[1::2],
+                resamples=args.resamples,
+                alpha=args.alpha,
+                min_effect=args.min_effect,
+                peak_gbps=args.peak_gbps,
+                seed=args.seed,
+            )
     except CompareError as exc:
         print(f"rltperf compare: error: {exc}", file=sys.stderr)
         return 2

@@ -34,11 +34,19 @@ idle_fraction, idle_breakdown, top_ops, unknown_contract_fields."""
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", help="bundle folder (or a .json/.json.gz Chrome trace)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--png", metavar="DIR", default=None,
-                   help="also write charts to DIR: step time by stage, roofline, exit-depth histogram")  # fmt: skip
+    p.add_argument(
+        "--png",
+        metavar="DIR",
+        default=None,
+        help="also write charts to DIR: step time by stage, roofline, exit-depth histogram",
+    )
     p.add_argument("--top", type=int, default=15, help="operators listed (default 15)")
-    p.add_argument("--kernel-wait-us", type=float, default=30.0,
-                   help="idle gap below which a queued launch counts as kernel wait (default 30 µs; HTA's 30)")  # fmt: skip
+    p.add_argument(
+        "--kernel-wait-us",
+        type=float,
+        default=30.0,
+        help="idle gap below which a queued launch counts as kernel wait (default 30 µs; HTA's 30)",
+    )
     p.add_argument(
         "--peak-gbps", type=float, default=None, help="peak memory bandwidth for the roofline chart"
     )
@@ -69,12 +77,16 @@ def write_pngs(an: Any, out_dir: str) -> tuple[list[str], list[str]]:
                 stages["(outside stages)"] = rest
             bars.append((label, stages))
             totals.append(total)
-        written.append(plots.stacked_bars(
-            os.path.join(out_dir, "step_stages.png"), bars,
-            f"Step time by stage — {eng}, {mode} capture, {len(steps)} steps (PROFILED, not a baseline){rw}",
-            ylabel="ms per step (from the trace)", totals=totals,
-            subtitle="stage:<name> ranges inside each rltperf.step range; outline = whole step",
-        ))  # fmt: skip
+        written.append(
+            plots.stacked_bars(
+                os.path.join(out_dir, "step_stages.png"),
+                bars,
+                f"Step time by stage — {eng}, {mode} capture, {len(steps)} steps (PROFILED, not a baseline){rw}",
+                ylabel="ms per step (from the trace)",
+                totals=totals,
+                subtitle="stage:<name> ranges inside each rltperf.step range; outline = whole step",
+            )
+        )
     else:
         skipped.append("step_stages.png: no steps in the trace")
     pts = roofline_points(an.step_records)
@@ -82,23 +94,29 @@ def write_pngs(an: Any, out_dir: str) -> tuple[list[str], list[str]]:
         ceil = rep.get("ceiling") or {}
         unprof = [(p["intensity"], p["gflops"]) for p in pts if not p["profiled"]]
         prof = [(p["intensity"], p["gflops"]) for p in pts if p["profiled"] and p["window"] == "captured"]
-        written.append(plots.roofline(
-            os.path.join(out_dir, "roofline.png"),
-            [("unprofiled steps around the capture", unprof), ("captured steps (profiled)", prof)],
-            ceil.get("peak_bw_gbps"), ceil.get("peak_gflops"),
-            f"Roofline — {eng}: analytic FLOPs/bytes per step vs step time{rw}",
-            ceiling_source=ceil.get("source"),
-        ))  # fmt: skip
+        written.append(
+            plots.roofline(
+                os.path.join(out_dir, "roofline.png"),
+                [("unprofiled steps around the capture", unprof), ("captured steps (profiled)", prof)],
+                ceil.get("peak_bw_gbps"),
+                ceil.get("peak_gflops"),
+                f"Roofline — {eng}: analytic FLOPs/bytes per step vs step time{rw}",
+                ceiling_source=ceil.get("source"),
+            )
+        )
     else:
         skipped.append(
             "roofline.png: the step records carry no bytes/FLOPs (the engine does not report them)"
         )
     hist = exit_histogram(an.step_records)
     if hist:
-        written.append(plots.exit_depth(
-            os.path.join(out_dir, "exit_depth.png"), [("steps.jsonl records", hist)],
-            f"Exit-depth histogram — {eng}, {len(an.step_records)} steps around the capture{rw}",
-        ))  # fmt: skip
+        written.append(
+            plots.exit_depth(
+                os.path.join(out_dir, "exit_depth.png"),
+                [("steps.jsonl records", hist)],
+                f"Exit-depth histogram — {eng}, {len(an.step_records)} steps around the capture{rw}",
+            )
+        )
     else:
         skipped.append("exit_depth.png: the engine reports no exit depths")
     return written, skipped
@@ -108,8 +126,13 @@ def run(args: argparse.Namespace) -> int:
     from rltperf_tui.analysis.report import ReportError, analyze_bundle, render_text
 
     try:
-        an = analyze_bundle(args.bundle, top=args.top, kernel_wait_us=args.kernel_wait_us,
-                            peak_gbps=args.peak_gbps, peak_gflops=args.peak_gflops)  # fmt: skip
+        an = analyze_bundle(
+            args.bundle,
+            top=args.top,
+            kernel_wait_us=args.kernel_wait_us,
+            peak_gbps=args.peak_gbps,
+            peak_gflops=args.peak_gflops,
+        )
     except ReportError as exc:
         print(f"rltperf report: error: {exc}", file=sys.stderr)
         return 1

@@ -39,13 +39,41 @@ def test_prometheus_endpoint_parses_and_agrees_with_summary(tmp_path: Path) -> N
 
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "calibration.json").write_text(json.dumps(
-        {f"{socket.gethostname()}|{cpu_model()}": {"copy_gbps": 20.0, "matmul_gflops": 50.0, "dtype": "float32"}}
-    ))  # fmt: skip
+    (cache / "calibration.json").write_text(
+        json.dumps(
+            {
+                f"{socket.gethostname()}|{cpu_model()}": {
+                    "copy_gbps": 20.0,
+                    "matmul_gflops": 50.0,
+                    "dtype": "float32",
+                    "matmul_gflops_by_dtype": {"float32": 50.0},
+                }
+            }
+        )
+    )
     env = {"RLTPERF_CACHE": str(cache)}
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--snapshots", str(tmp_path / "snaps"),
-                        "--prometheus-port", "0", "--start-delay", "4", "--steps", str(STEPS), "--sleep-ms", "1",
-                        "--requests-every", "8", "--loops", "4"], env=env)  # fmt: skip
+    eng = start_engine(
+        [
+            str(LOOP_ENGINE),
+            "--duration",
+            "60",
+            "--snapshots",
+            str(tmp_path / "snaps"),
+            "--prometheus-port",
+            "0",
+            "--start-delay",
+            "4",
+            "--steps",
+            str(STEPS),
+            "--sleep-ms",
+            "1",
+            "--requests-every",
+            "8",
+            "--loops",
+            "4",
+        ],
+        env=env,
+    )
     rec = tmp_path / "run.rltrec"
     try:
         assert eng.proc.stdout is not None
@@ -54,16 +82,37 @@ def test_prometheus_endpoint_parses_and_agrees_with_summary(tmp_path: Path) -> N
         prom = line.split()[1]
         # record every step: the recorder attaches during the engine's start delay
         e = dict(os.environ, PYTHONPATH=str(ROOT), **env)
-        subprocess.run([sys.executable, "-m", "rltperf_tui.cli", "record", eng.target, "--duration", "5.5", "-o",
-                        str(rec), "-q"], check=True, env=e, cwd=ROOT, timeout=60)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rltperf_tui.cli",
+                "record",
+                eng.target,
+                "--duration",
+                "5.5",
+                "-o",
+                str(rec),
+                "-q",
+            ],
+            check=True,
+            env=e,
+            cwd=ROOT,
+            timeout=60,
+        )
         time.sleep(0.3)
         text = urllib.request.urlopen(f"http://{prom}/metrics", timeout=10).read().decode()
     finally:
         eng.stop()
     s = _samples(text)  # prometheus_client's parser: raises on anything malformed
-    out = subprocess.run([sys.executable, "-m", "rltperf_tui.cli", "summary", str(rec), "--json"], check=True,
-                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT), **env),
-                         cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "rltperf_tui.cli", "summary", str(rec), "--json"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), **env),
+        cwd=ROOT,
+    )
     summ = json.loads(out.stdout)
 
     assert summ["steps"] == STEPS, "the recording must hold every step the engine ran"
@@ -80,14 +129,24 @@ def test_prometheus_endpoint_parses_and_agrees_with_summary(tmp_path: Path) -> N
     assert _one(s, "rltperf_device_idle_ratio") == pytest.approx(summ["idle_fraction"], abs=1e-9)
     assert summ["mbu"] is not None
     assert _one(s, "rltperf_model_bandwidth_utilization_ratio") == pytest.approx(summ["mbu"], rel=1e-9)
-    assert _one(s, "rltperf_peak_memory_bandwidth_bytes_per_second", source="calibration") == 20e9
+    assert list(s["rltperf_peak_memory_bandwidth_bytes_per_second"].values()) == [20e9]
     assert _one(s, "rltperf_requests_total", status="ok") == summ["requests"]["ok"] > 0
     assert _one(s, "rltperf_time_to_first_token_seconds_count") == summ["requests"]["ok"]
     depths = {int(dict(k)["depth"]): v for k, v in s["rltperf_exit_depth_tokens_total"].items()}
     assert [depths.get(d, 0.0) for d in range(1, len(summ["exit_hist"]) + 1)] == summ["exit_hist"]
     assert sum(depths.values()) == tokens
-    assert _one(s, "rltperf_engine_info", engine="test-loop", model="mlp-256", dtype="float32", device="cpu",
-                random_weights="true") == 1.0  # fmt: skip
+    assert (
+        _one(
+            s,
+            "rltperf_engine_info",
+            engine="test-loop",
+            model="mlp-256",
+            dtype="float32",
+            device="cpu",
+            random_weights="true",
+        )
+        == 1.0
+    )
     assert _one(s, "rltperf_probe_dropped_records_total") == 0
     assert _one(s, "rltperf_profiled_steps_total") == 0
     for name in s:  # conventions: rltperf_ prefix; counters end in _total
@@ -99,8 +158,17 @@ def test_prometheus_counts_captures(tmp_path: Path) -> None:
     from engine_adapters.records import CaptureDone
     from engine_adapters.registry import adapter_for
 
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--snapshots", str(tmp_path / "snaps"),
-                        "--prometheus-port", "0"])  # fmt: skip
+    eng = start_engine(
+        [
+            str(LOOP_ENGINE),
+            "--duration",
+            "60",
+            "--snapshots",
+            str(tmp_path / "snaps"),
+            "--prometheus-port",
+            "0",
+        ]
+    )
     try:
         assert eng.proc.stdout is not None
         prom = eng.proc.stdout.readline().split()[1]

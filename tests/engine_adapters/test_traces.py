@@ -98,8 +98,12 @@ def test_vllm_step_annotations_found_and_parsed() -> None:
     assert scan.source == "vllm execute annotations"
     assert scan.found == 2  # the gpu_user_annotation copy is not a step
     s0, s1 = scan.steps
-    assert s0.kind == "prefill" and s0.batch == {"context_requests": 1, "context_tokens": 12,
-                                                  "generation_requests": 0, "generation_tokens": 0}  # fmt: skip
+    assert s0.kind == "prefill" and s0.batch == {
+        "context_requests": 1,
+        "context_tokens": 12,
+        "generation_requests": 0,
+        "generation_tokens": 0,
+    }
     assert s1.kind == "decode" and s1.batch["generation_tokens"] == 1
     assert scan.window == (0, 8000)
     ib = T.idle_breakdown(ev, scan)
@@ -137,9 +141,20 @@ def test_truncated_gzip_keeps_events_before_the_cut(tmp_path: Path) -> None:
 
 def test_memory_peaks_from_memory_events() -> None:
     def mem(total: int, nbytes: int, dtype: int = 1) -> dict[str, Any]:
-        return {"ph": "i", "name": "[memory]", "ts": 1, "pid": 1, "tid": 1,
-                "args": {"Total Allocated": total, "Total Reserved": 4096, "Bytes": nbytes,
-                         "Device Type": dtype, "Device Id": 0}}  # fmt: skip
+        return {
+            "ph": "i",
+            "name": "[memory]",
+            "ts": 1,
+            "pid": 1,
+            "tid": 1,
+            "args": {
+                "Total Allocated": total,
+                "Total Reserved": 4096,
+                "Bytes": nbytes,
+                "Device Type": dtype,
+                "Device Id": 0,
+            },
+        }
 
     peaks = T.memory_peaks([mem(100, 100), mem(300, 200), mem(50, -250), mem(10, 10, dtype=0)])
     assert peaks == [
@@ -169,8 +184,24 @@ def test_real_capture_idle_matches_known_sleeps(tmp_path: Path) -> None:
     from engine_adapters.registry import adapter_for
 
     truth = tmp_path / "truth.json"
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(tmp_path / "snaps"), "--bare",
-                        "--rows", "1024", "--dim", "2048", "--sleep-ms", "100", "--out", str(truth)])  # fmt: skip
+    eng = start_engine(
+        [
+            str(LOOP_ENGINE),
+            "--duration",
+            "120",
+            "--snapshots",
+            str(tmp_path / "snaps"),
+            "--bare",
+            "--rows",
+            "1024",
+            "--dim",
+            "2048",
+            "--sleep-ms",
+            "100",
+            "--out",
+            str(truth),
+        ]
+    )
     try:
         s = adapter_for(eng.target, reconnect=False).connect()
         try:

@@ -38,9 +38,11 @@ def test_known_shift_is_significant_and_same_distribution_is_not() -> None:
     a = rng.gamma(4.0, 0.25, size=4000)  # ms
     b_same = rng.gamma(4.0, 0.25, size=4000)
     b_tail = np.where(np.arange(4000) % 10 == 0, a + 20.0, a) + rng.normal(0, 0.01, 4000)
-    diffs = [S.compare_stat("gap P99", "ms", a, b_tail, 99, rng, 400),
-             S.compare_stat("gap P50", "ms", a, b_same, 50, rng, 400),
-             S.compare_stat("gap P99 same", "ms", a, b_same, 99, rng, 400)]  # fmt: skip
+    diffs = [
+        S.compare_stat("gap P99", "ms", a, b_tail, 99, rng, 400),
+        S.compare_stat("gap P50", "ms", a, b_same, 50, rng, 400),
+        S.compare_stat("gap P99 same", "ms", a, b_same, 99, rng, 400),
+    ]
     S.decide(diffs)
     assert diffs[0].significant and diffs[0].diff is not None and diffs[0].diff > 15
     assert diffs[0].ci_low is not None and diffs[0].ci_low > 10

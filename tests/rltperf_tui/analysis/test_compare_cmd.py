@@ -68,8 +68,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     configs = {"a": [], "a2": [], "b": ["--stall-ms", "20@10"]}
 
     def start(name: str) -> None:
-        engines[name] = start_engine([str(LOOP_ENGINE), "--duration", "300", "--snapshots", str(d / f"snaps_{name}"),
-                                      *COMMON, *configs[name]])  # fmt: skip
+        engines[name] = start_engine(
+            [
+                str(LOOP_ENGINE),
+                "--duration",
+                "300",
+                "--snapshots",
+                str(d / f"snaps_{name}"),
+                *COMMON,
+                *configs[name],
+            ]
+        )
 
     try:
         t_start = time.monotonic()
@@ -100,8 +109,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         print(f"[recorded {time.monotonic() - t0:.1f} s: {sorted(counts.values())} steps]", end=" ")
         from test_report_cmd import capture
 
-        bundles = [capture(engines["a"].target, 4, "ops"), capture(engines["a"].target, 4, "ops"),
-                   capture(engines["b"].target, 4, "full")]  # fmt: skip
+        bundles = [
+            capture(engines["a"].target, 4, "ops"),
+            capture(engines["a"].target, 4, "ops"),
+            capture(engines["b"].target, 4, "full"),
+        ]
         yield {"rec": {n: str(p) for n, p in paths.items()}, "bundles": bundles}
     finally:
         for e in engines.values():

@@ -39,8 +39,19 @@ def capture(target: str, steps: int, mode: str) -> str:
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     snaps = tmp_path_factory.mktemp("snaps")
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(snaps), "--loops", "4",
-                        "--sleep-ms", "0.5"])  # fmt: skip
+    eng = start_engine(
+        [
+            str(LOOP_ENGINE),
+            "--duration",
+            "120",
+            "--snapshots",
+            str(snaps),
+            "--loops",
+            "4",
+            "--sleep-ms",
+            "0.5",
+        ]
+    )
     try:
         time.sleep(0.5)
         yield {"ops": capture(eng.target, STEPS, "ops"), "full": capture(eng.target, STEPS, "full")}
@@ -230,8 +241,11 @@ def test_vllm_trace_file_reported_as_bare_trace(tmp_path: Path) -> None:
     b = tmp_path / "vllm_bundle"
     b.mkdir()
     shutil.copy(p, b / p.name)
-    meta = {"capture": {"steps_requested": 8, "steps_captured": 8, "mode": "ops", "error": None},
-            "engine": {"name": "vllm"}, "contract": {"model": "tiny"}}  # fmt: skip
+    meta = {
+        "capture": {"steps_requested": 8, "steps_captured": 8, "mode": "ops", "error": None},
+        "engine": {"name": "vllm"},
+        "contract": {"model": "tiny"},
+    }
     (b / "meta.json").write_text(json.dumps(meta))
     rc, out, _ = report(str(b), "--json")
     rep = json.loads(out)
