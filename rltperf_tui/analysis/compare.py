@@ -259,7 +259,17 @@ def compare_recordings(
     rng = np.random.default_rng(seed)
     A = load_side("A", a_paths, peak_gbps, block_s)
     B = load_side("B", b_paths, peak_gbps, block_s)
+    for side in (A, B):
+        if not any(p["steps"] for p in side.parts):
+            names = ", ".join(os.path.basename(x) for x in side.paths)
+            raise CompareError(
+                f"{side.label} ({names}) holds no unprofiled steps: nothing to compare "
+                "(was the engine stepping while it was recorded?)"
+            )
     warnings = A.warnings + B.warnings
+    same = sorted(set(map(os.path.realpath, A.paths)) & set(map(os.path.realpath, B.paths)))
+    if same:
+        warnings.append(f"A and B share the recording(s) {', '.join(same)}: a file compared with itself")
     # ---- configuration first
     cfg_a = _flat_info(A.info, A.headers[0] if A.headers else None, A.ceiling)
     cfg_b = _flat_info(B.info, B.headers[0] if B.headers else None, B.ceiling)

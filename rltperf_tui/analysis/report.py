@@ -149,6 +149,13 @@ def analyze_bundle(
     if os.path.isdir(path):
         folder = path
         trace_path, other_traces = find_trace(folder)
+        if trace_path is None and not os.path.exists(os.path.join(folder, "meta.json")):
+            inner = sorted(glob.glob(os.path.join(folder, "*", "meta.json")))
+            if inner:
+                newest = os.path.dirname(max(inner, key=os.path.getmtime))
+                raise ReportError(
+                    f"{path} holds {len(inner)} bundles, not one: pass a bundle folder, e.g. the newest: {newest}"
+                )
         mp = os.path.join(folder, "meta.json")
         if not os.path.exists(mp):
             problems.append("meta.json is missing: what was requested and the test contract are unknown")
@@ -311,7 +318,7 @@ def analyze_bundle(
     device_trace_meta = cap.get("device_trace")
     activities = cap.get("activities")
     device_note = None
-    if not dev_spans:
+    if not dev_spans and trace is not None:
         if device_trace_meta or (isinstance(activities, list) and "cuda" in activities):
             problems.append(
                 "meta.json says device (CUDA) activities were recorded but the trace holds no kernel, memcpy "
@@ -616,7 +623,7 @@ def render_text(rep: dict[str, Any], max_steps: int = 24) -> str:
             L.append(
                 f"  {o['name'][:40]:<40} {o['count']:>5} {o['self_ms']:>9.3f} {_f(o.get('self_ms_per_step'), '{:.4f}'):>9}"
             )
-    else:
+    elif to["device_note"]:
         L.append(f"device activities: none — {to['device_note']}")
     if rep.get("shapes"):
         L.append("")

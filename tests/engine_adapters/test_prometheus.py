@@ -5,16 +5,13 @@ the same steps."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import LOOP_ENGINE, ROOT, start_engine
+from conftest import LOOP_ENGINE, start_engine
 from prometheus_client.parser import text_string_to_metric_families
 
 STEPS = 300
@@ -62,7 +59,7 @@ def test_prometheus_endpoint_parses_and_agrees_with_summary(tmp_path: Path) -> N
             "--prometheus-port",
             "0",
             "--start-delay",
-            "4",
+            "2",
             "--steps",
             str(STEPS),
             "--sleep-ms",
@@ -80,40 +77,30 @@ def test_prometheus_endpoint_parses_and_agrees_with_summary(tmp_path: Path) -> N
         line = eng.proc.stdout.readline()
         assert line.startswith("PROMETHEUS "), line
         prom = line.split()[1]
-        # record every step: the recorder attaches during the engine's start delay
-        e = dict(os.environ, PYTHONPATH=str(ROOT), **env)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rltperf_tui.cli",
-                "record",
-                eng.target,
-                "--duration",
-                "5.5",
-                "-o",
-                str(rec),
-                "-q",
-            ],
-            check=True,
-            env=e,
-            cwd=ROOT,
-            timeout=60,
-        )
-        time.sleep(0.3)
+        # record every step: the recorder attaches during the engine's start delay, and
+        # stops once all STEPS steps (and the requests they finish) have arrived
+        from engine_adapters.recording import RecordingWriter
+        from engine_adapters.records import StepRecord
+        from engine_adapters.registry import adapter_for
+
+        sess = adapter_for(eng.target, reconnect=False).connect()
+        steps = 0
+        with RecordingWriter(rec, target=eng.target) as w:
+            deadline = time.monotonic() + 60
+            while steps < STEPS and time.monotonic() < deadline:
+                recs = sess.read(0.1)
+                w.write(recs)
+                steps += sum(isinstance(r, StepRecord) for r in recs)
+            w.write(sess.read(0.3))
+        sess.close()
         text = urllib.request.urlopen(f"http://{prom}/metrics", timeout=10).read().decode()
     finally:
         eng.stop()
     s = _samples(text)  # prometheus_client's parser: raises on anything malformed
-    out = subprocess.run(
-        [sys.executable, "-m", "rltperf_tui.cli", "summary", str(rec), "--json"],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT), **env),
-        cwd=ROOT,
-    )
-    summ = json.loads(out.stdout)
+    # what `rltperf summary FILE --json` prints
+    from rltperf_tui.analysis.summary import load_recording, summarize
+
+    summ = summarize(load_recording(rec)[0])
 
     assert summ["steps"] == STEPS, "the recording must hold every step the engine ran"
     n = _one(s, "rltperf_step_duration_seconds_count", kind="decode")

@@ -171,6 +171,11 @@ def test_compare_rounds_and_refusals(runs: dict[str, Any], tmp_path: Path) -> No
     assert rc == 2 and "recording (unprofiled) with a bundle" in err
     rc, out, err = cli("compare", r["a"], str(tmp_path / "missing.rltrec"))
     assert rc == 1 and "does not exist" in err
+    from engine_adapters.recording import RecordingWriter
+
+    RecordingWriter(tmp_path / "empty.rltrec").close()
+    rc, out, err = cli("compare", str(tmp_path / "empty.rltrec"), r["b"])
+    assert rc == 2 and "holds no unprofiled steps" in err
 
 
 def test_compare_bundles(runs: dict[str, Any]) -> None:

@@ -252,3 +252,18 @@ def test_vllm_trace_file_reported_as_bare_trace(tmp_path: Path) -> None:
     assert rc == 0, rep["problems"]
     assert rep["complete"] is True and rep["steps_found"] == rep["steps_requested"] == 8
     assert rep["idle_fraction"] == pytest.approx(1 - 8 * 5000 / (7 * 7000 + 6000))
+
+
+def test_report_on_a_folder_of_bundles_points_to_one(bundles: dict[str, str]) -> None:
+    rc, _, err = report(os.path.dirname(bundles["ops"]))
+    assert rc == 1 and "holds 2 bundles, not one" in err and "newest" in err
+
+
+def test_png_without_matplotlib_says_so(
+    bundles: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the extra were not installed
+    rc, _, err = report(bundles["ops"], "--png", str(tmp_path))
+    assert rc == 1 and "needs matplotlib" in err and "rltperf[plots]" in err
