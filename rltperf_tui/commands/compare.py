@@ -17,8 +17,12 @@ Step time, step gap, TTFT and TPOT P50/P95/P99 side by side with B-A, tokens/s, 
 fraction and MBU; every difference has a 95% bootstrap confidence interval (moving
 blocks: step series are autocorrelated) and a verdict: significant only when it
 survives a Holm correction over all metrics AND reaches the smallest effect of interest
-(--min-effect, default 5% of A).  A drift check compares the halves of each recording
-and, with rounds, the sign of each round's difference.  Profiled steps are left out.
+(--min-effect, default 5% of A).  Bootstrap blocks span at least --block-s seconds
+(0.5 s), so the machine's slow wander is inside the interval.  A drift check computes
+each metric over the quarters of every recording: a difference no larger than how much
+one recording disagrees with itself is "not established"; with rounds, every round's
+difference must have the same sign.  Profiled steps are left out.  One recording per
+side cannot see run-to-run variation: interleave rounds to establish small effects.
 
 Two bundles (captures): operator differences (self time and count per step), stage
 and step differences, idle fraction.  Profiled: they locate where time moved, they do
@@ -51,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.05,
         help="smallest relative difference of interest (default 0.05 = 5%% of A; 0 disables)",
+    )
+    p.add_argument(
+        "--block-s", type=float, default=0.5, help="shortest bootstrap block, seconds (default 0.5)"
     )
     p.add_argument("--peak-gbps", type=float, default=None, help="peak memory bandwidth for MBU (both sides)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default 0)")
@@ -271,6 +278,7 @@ def run(args: argparse.Namespace) -> int:
                 min_effect=args.min_effect,
                 peak_gbps=args.peak_gbps,
                 seed=args.seed,
+                block_s=args.block_s,
             )
     except CompareError as exc:
         print(f"rltperf compare: error: {exc}", file=sys.stderr)
