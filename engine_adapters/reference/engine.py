@@ -99,6 +99,8 @@ class EngineConfig:
     force: bool = False
     """Run a GPU-only preset on the CPU anyway."""
     warmup: bool = True
+    keep_outputs: bool = False
+    """Keep each finished request's generated token IDs in ``Engine.outputs`` (tests)."""
 
 
 class _EventPool:
@@ -142,8 +144,6 @@ class Engine:
     """The reference looped-transformer engine (see module docstring)."""
 
     def __init__(self, cfg: EngineConfig) -> None:
-        import torch
-
         self.cfg = cfg
         try:
             preset = get_preset(cfg.preset)
@@ -162,16 +162,10 @@ class Engine:
             raise EngineError(str(exc)) from None
         self.model_cfg = model_cfg
         dev = cfg.device
-        if dev.startswith("cuda"):
-            if not torch.cuda.is_available():
-                raise EngineError(
-                    "--device cuda: this torch build or machine has no CUDA device "
-                    f"(torch {torch.__version__}, cuda {torch.version.cuda}); use --device cpu"
-                )
-            if dev == "cuda":
-                dev = "cuda:0"
-        elif dev != "cpu":
+        if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise EngineError(f"--device must be cpu or cuda (or cuda:N), not {dev!r}")
+        if dev == "cuda":
+            dev = "cuda:0"
         self.device = dev
         self.is_cuda = dev.startswith("cuda")
         dtype = cfg.dtype or (preset.engine.dtype_cuda if self.is_cuda else preset.engine.dtype_cpu)
@@ -190,7 +184,6 @@ class Engine:
         if threads < 1:
             raise EngineError(f"--threads must be >= 1, not {threads}")
         self.threads = threads
-        torch.set_num_threads(threads)
         self.max_num_seqs = cfg.max_num_seqs or preset.engine.max_num_seqs
         self.token_budget = cfg.token_budget or preset.engine.token_budget
         bt = cfg.kv_block_tokens or preset.engine.kv_block_tokens
@@ -198,6 +191,8 @@ class Engine:
             raise EngineError("--max-num-seqs, --token-budget and --kv-block-tokens must be >= 1")
         if self.spec and self.token_budget < self.spec.draft_len + 1:
             raise EngineError(f"--token-budget must be at least draft_len + 1 = {self.spec.draft_len + 1}")
+        if cfg.kv_blocks is not None and cfg.kv_blocks < 1:
+            raise EngineError(f"--kv-blocks must be >= 1, not {cfg.kv_blocks}")
         nblocks = cfg.kv_blocks or blocks_for_memory(
             model_cfg, self.kv_policy, bt, preset.engine.kv_mem_bytes, self.bpe
         )
@@ -209,6 +204,21 @@ class Engine:
                 f"{nblocks * bt} ({nblocks} blocks x {bt}); raise --kv-blocks (to at least {-(-need // bt)}) "
                 "or use --kv-policy shared"
             )
+        try:
+            import torch  # only now: bad flags are reported without paying for the import
+        except ImportError:
+            raise EngineError("PyTorch is not installed: pip install torch") from None
+        if self.is_cuda:
+            if not torch.cuda.is_available():
+                raise EngineError(
+                    "--device cuda: this torch build or machine has no CUDA device "
+                    f"(torch {torch.__version__}, cuda {torch.version.cuda}); use --device cpu"
+                )
+            if int(dev[5:]) >= torch.cuda.device_count():
+                raise EngineError(
+                    f"--device {dev}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+                )
+        torch.set_num_threads(threads)
         self.max_len = need
         self.seed = cfg.seed
         self.model_desc = f"looped-{cfg.preset if cfg.model is None else model_cfg.name} (random weights)"
@@ -241,6 +251,7 @@ class Engine:
         self.stalls = 0
         self._t_start = 0
         self.warmed = False
+        self.outputs: dict[str, list[int]] = {}
         if cfg.warmup:
             self.warmup()
 
@@ -330,7 +341,9 @@ class Engine:
 
         from engine_adapters.reference.kvcache import SeqBlocks
 
-        n = max(2, min(self.token_budget, 64, self.kv.num_blocks * self.kv.block_tokens - 2))
+        n = max(
+            2, min(self.token_budget, 64, self.kv.num_blocks * self.kv.block_tokens - 2, self.max_len - 1)
+        )
         sb = SeqBlocks(self.kv.block_tokens)
         need = sb.blocks_needed(n + 1)
         if need > self.kv.alloc.free:
@@ -365,9 +378,9 @@ class Engine:
         ms = self.stall[0] if self.stall else 0.0
         t0 = clk()
         end = t0 + int(ms * 1e6)
-        # sleep most of it, spin the last stretch: the stall is exact to a few µs
-        if ms > 2:
-            time.sleep((ms - 1.5) / 1000)
+        # a busy host stall (like Python work: GC, tokenising, bookkeeping), not a sleep:
+        # a sleeping process gets scheduling credit from the OS and would run the next
+        # steps faster on a shared machine, hiding part of the stall
         while clk() < end:
             pass
         self.stall_total_ns += clk() - t0
@@ -564,6 +577,8 @@ class Engine:
                 finished.append(seq)
         for seq in finished:
             self.sched.finish(seq)
+            if self.cfg.keep_outputs:
+                self.outputs[seq.req.req_id] = seq.tokens[seq.n_prompt :]
             self.probe.request_done(
                 seq.req.req_id, seq.req.arrival_ns, now, seq.first_token_ns, seq.n_prompt, seq.n_out, "ok",
                 seq.preemptions,

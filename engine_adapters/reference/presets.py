@@ -13,7 +13,7 @@ with random weights:
 
 Both are meant for GPUs; on the CPU they serve analytic counts (``--analytic``).  The
 small presets drive the CPU: ``tiny`` (a few ms per decode step on one core; the demo)
-and ``membound`` (weights of ~1.2 GB, far larger than any CPU cache, so decode is bound
+and ``membound`` (1.1 GB of float32 weights, far larger than any CPU cache, so decode is bound
 by memory bandwidth).
 """
 
@@ -164,8 +164,9 @@ PRESETS: dict[str, Preset] = {
             kv_block_tokens=16,
             kv_mem_bytes=256 << 20,
             workload="closed:1,in=64,out=256",
+            threads=1,  # per-core bandwidth; OpenMP barriers stall on shared machines
         ),
-        "CPU decode bound by memory bandwidth: ~1.2 GB of float32 weights, far above the caches",
+        "CPU decode bound by memory bandwidth: 1.1 GB of float32 weights, far above the caches",
     ),
     "ouro-1.4b-shape": Preset(
         ModelConfig(

@@ -182,11 +182,6 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         print("rltperf engine: error: --duration must be positive", file=sys.stderr)
         return 2
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("rltperf engine: error: PyTorch is not installed (pip install torch)", file=sys.stderr)
-        return 2
     from engine_adapters.probe import Probe
     from engine_adapters.reference.engine import Engine, EngineConfig, EngineError
 
@@ -262,6 +257,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        # Let the publisher (it ticks every 50 ms) ship the last steps and requests: its
+        # Bye goes out ahead of data still queued, and monitors stop reading at the Bye.
+        time.sleep(0.2)
         probe.close(reason)
     t = engine.totals
     el = time.monotonic() - t0
