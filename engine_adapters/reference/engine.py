@@ -303,6 +303,13 @@ class Engine:
                 "fault_injection": f"inject_stall={stall}; sync_every_stage={'on' if self.cfg.sync_every_stage else 'off'}",
                 "inject_stall": stall,
                 "sync_every_stage": bool(self.cfg.sync_every_stage),
+                "sync_every_stage_effect": (
+                    "a device synchronise at every stage boundary"
+                    if self.is_cuda
+                    else "none on the CPU (nothing runs asynchronously)"
+                )
+                if self.cfg.sync_every_stage
+                else "off",
                 "threads": self.threads,
                 "random_weights": True,
             }

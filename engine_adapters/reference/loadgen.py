@@ -8,8 +8,8 @@ A workload is ``NAME[:ARG][,key=value...]``:
                           0.5), evenly spaced; 16 requests unless ``n=`` (scenario 3)
 - ``poisson:RATE``        Poisson arrivals at RATE req/s (128 in / 64 out), open-ended
 - ``closed:C``            closed loop: C requests in flight, a new one as each finishes
-- ``steady-bursts[:RATE]`` Poisson at RATE req/s (default 4) plus a burst of ``burst=``
-                          requests (default 24) every ``every=`` seconds (default 8):
+- ``steady-bursts[:RATE]`` Poisson at RATE req/s (default 3) plus a burst of ``burst=``
+                          requests (default 16) every ``every=`` seconds (default 10):
                           the demo's default
 
 Keys: ``in=`` prompt tokens, ``out=`` output tokens, ``n=`` total requests (open-ended
@@ -126,7 +126,7 @@ def parse_workload(text: str) -> WorkloadSpec:
         w = WorkloadSpec(name, arrival="closed", concurrency=int(num(arg, "CONCURRENCY", int)))
     elif name == "steady-bursts":
         w = WorkloadSpec(
-            name, arrival="steady-bursts", rate=num(arg, "RATE") if arg else 4.0, burst=24, every_s=8.0
+            name, arrival="steady-bursts", rate=num(arg, "RATE") if arg else 3.0, burst=16, every_s=10.0
         )
     else:
         raise ValueError(f"unknown workload {name!r}; " + _forms())

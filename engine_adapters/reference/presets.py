@@ -138,7 +138,7 @@ PRESETS: dict[str, Preset] = {
             max_num_seqs=16,
             token_budget=256,
             kv_block_tokens=16,
-            kv_mem_bytes=12 << 20,
+            kv_mem_bytes=14 << 20,
             workload="steady-bursts",
             threads=1,
         ),
