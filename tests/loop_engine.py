@@ -38,12 +38,18 @@ def main() -> int:
     w = torch.randn(args.dim, args.dim) / args.dim**0.5
     probe = Probe(
         args.listen,
-        {"name": "test-loop", "model": f"mlp-{args.dim}", "dtype": "float32", "device": "cpu",
-         "random_weights": True, "workload": "fixed loop"},
+        {
+            "name": "test-loop",
+            "model": f"mlp-{args.dim}",
+            "dtype": "float32",
+            "device": "cpu",
+            "random_weights": True,
+            "workload": "fixed loop",
+        },
         snapshot_root=args.snapshots,
         token=args.token,
         warm_profiler=not args.no_warm,
-    )  # fmt: skip
+    )
     print(f"ADDRESS {probe.address}", flush=True)
     stop = False
 
@@ -55,9 +61,11 @@ def main() -> int:
     signal.signal(signal.SIGINT, _stop)
     durations: list[int] = []
     busy: list[int] = []
+    ids: list[int] = []
     wbytes = args.dim * args.dim * 4
     t_end = time.monotonic() + args.duration
     while not stop and time.monotonic() < t_end:
+        ids.append(probe.steps_total)  # the id the probe gives this step
         t0 = clk()
         with probe.step("decode", 16, 16) as st:
             st.mark("schedule")
@@ -69,7 +77,9 @@ def main() -> int:
             f1 = clk()
             st.mark("sample")
             h.argmax(dim=-1)
-            st.set(busy_ns=f1 - f0, bytes_read=4 * wbytes, flops=4 * 2 * 16 * args.dim * args.dim, out_tokens=16)
+            st.set(
+                busy_ns=f1 - f0, bytes_read=4 * wbytes, flops=4 * 2 * 16 * args.dim * args.dim, out_tokens=16
+            )
         durations.append(clk() - t0)
         busy.append(f1 - f0)
         if args.sleep_ms:
@@ -77,7 +87,7 @@ def main() -> int:
     probe.close()
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"durations_ns": durations, "busy_ns": busy}, f)
+            json.dump({"step_ids": ids, "durations_ns": durations, "busy_ns": busy}, f)
     return 0
 
 

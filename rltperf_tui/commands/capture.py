@@ -37,7 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("ops", "full"), default="ops", help="ops (default) or full")
     p.add_argument("--label", default=None, help="label added to the bundle folder name")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="give up after S seconds (default 300)")
+    p.add_argument(
+        "--timeout", type=float, default=300.0, metavar="S", help="give up after S seconds (default 300)"
+    )
     add_target_options(p)
 
 
@@ -57,7 +59,10 @@ def run(args: argparse.Namespace) -> int:
                 if getattr(r, "capture_id", None) not in (cid, None):
                     continue
                 if isinstance(r, CaptureStarted):
-                    prog.show(f"capture {cid}: capturing from step {r.first_step}" + (" (cold profiler)" if r.cold else ""))
+                    prog.show(
+                        f"capture {cid}: capturing from step {r.first_step}"
+                        + (" (cold profiler)" if r.cold else "")
+                    )
                 elif isinstance(r, CaptureProgress):
                     prog.show(f"capture {cid}: capturing {r.steps_done}/{r.steps} steps")
                 elif isinstance(r, CaptureExporting):
@@ -65,11 +70,20 @@ def run(args: argparse.Namespace) -> int:
                 elif isinstance(r, CaptureDone):
                     prog.done()
                     if args.json:
-                        print(json.dumps({
-                            "bundle": r.bundle, "steps_requested": r.steps_requested,
-                            "steps_captured": r.steps_captured, "trace_bytes": r.trace_bytes,
-                            "events": r.events, "export_s": r.export_s, "mode": r.mode,
-                        }, indent=2))  # fmt: skip
+                        print(
+                            json.dumps(
+                                {
+                                    "bundle": r.bundle,
+                                    "steps_requested": r.steps_requested,
+                                    "steps_captured": r.steps_captured,
+                                    "trace_bytes": r.trace_bytes,
+                                    "events": r.events,
+                                    "export_s": r.export_s,
+                                    "mode": r.mode,
+                                },
+                                indent=2,
+                            )
+                        )
                     else:
                         print(r.bundle)
                         print(
@@ -80,10 +94,11 @@ def run(args: argparse.Namespace) -> int:
                     return 0
                 elif isinstance(r, (CaptureFailed, Refused)):
                     prog.done()
-                    where = f" (error kept in {r.bundle}/meta.json)" if getattr(r, "bundle", None) else ""
+                    kept = getattr(r, "bundle", None)
+                    where = f" (error kept in {kept}/meta.json)" if kept else ""
                     print(f"rltperf capture: failed: {r.reason}{where}", file=sys.stderr)
                     if args.json:
-                        print(json.dumps({"error": r.reason, "bundle": getattr(r, "bundle", None)}))
+                        print(json.dumps({"error": r.reason, "bundle": kept}))
                     return 1
                 elif isinstance(r, SessionEvent) and r.state in ("ended", "reconnecting"):
                     prog.done()
@@ -92,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
             if exporting_since is not None:
                 prog.show(f"capture {cid}: exporting ({time.monotonic() - exporting_since:.1f} s)")
         prog.done()
-        print(f"rltperf capture: no result within {args.timeout:g} s (is the engine stepping?)", file=sys.stderr)
+        print(
+            f"rltperf capture: no result within {args.timeout:g} s (is the engine stepping?)", file=sys.stderr
+        )
         return 1
     finally:
         session.close()
