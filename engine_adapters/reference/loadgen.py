@@ -68,7 +68,7 @@ class WorkloadSpec:
         shape = f"{self.prompt_len} in / {self.output_len} out (fixed shape, ignore EOS)"
         n = f"{self.total} requests" if self.total is not None else "open-ended"
         if self.arrival == "burst":
-            how = f"{self.total} simultaneous arrivals"
+            how = "1 request" if self.total == 1 else f"{self.total} simultaneous arrivals"
         elif self.arrival == "fixed":
             how = f"fixed-rate arrivals at {self.rate:g} req/s, {n}"
         elif self.arrival == "poisson":

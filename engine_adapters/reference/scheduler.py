@@ -7,7 +7,9 @@ step's token budget (chunked prefill).  If the KV pool cannot cover a sequence's
 tokens, the most recently admitted running sequence is preempted: its blocks are freed
 and it goes back to the head of the queue, to be recomputed (its prompt and the tokens
 generated so far are prefilled again).  Then waiting requests are admitted first come,
-first served while there is room: ``max_num_seqs``, budget and blocks.
+first served while there is room: ``max_num_seqs``, budget, and blocks for the whole
+remaining prompt above a 1 % watermark (the first chunk is allocated now, the rest as it
+is prefilled).
 """
 
 from __future__ import annotations
@@ -163,6 +165,13 @@ class Scheduler:
                     (seq, f"needs {total} tokens of KV but the cache holds {capacity_tokens} in all")
                 )
                 continue
+            # Admit only when the whole remaining prompt would fit now, above a watermark
+            # (vLLM v0's can_allocate): admitting on the first chunk alone lets a long
+            # prompt in beside long-running ones, to be preempted and recomputed again
+            # and again as they all grow.
+            watermark = max(1, self.kv.num_blocks // 100)
+            if seq.kv.blocks_needed(len(seq.tokens)) + watermark > self.kv.alloc.free and self.running:
+                break
             n = min(seq.uncomputed, budget)
             if not self._reserve(seq, seq.num_computed + n):
                 break

@@ -77,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="where captures are saved (default ./snapshots)",
     )
     p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="intra-op CPU threads (default: 1 for tiny, so a monitor keeps a core; else all cores)")  # fmt: skip
+                   help="intra-op CPU threads (default 1 for tiny and membound: the demo leaves a core to the monitor; else all cores)")  # fmt: skip
     p.add_argument(
         "--seed", type=int, default=0, help="seed of weights, workload, exits and acceptance (default 0)"
     )

@@ -30,18 +30,19 @@ def test_chunked_prefill_respects_the_token_budget(run_reference) -> None:
 
 
 def test_preemption_recomputes_and_changes_nothing(run_reference) -> None:
-    wl = "closed:8,in=100,out=40,n=16"
+    # short prompts, long outputs: admitted easily, they outgrow the cache as they decode
+    wl = "closed:8,in=20,out=100,n=12"
     tight = run_reference(EngineConfig(workload=wl, kv_blocks=28, keep_outputs=True), seconds=120)
     roomy = Engine(EngineConfig(workload=wl, kv_blocks=400, keep_outputs=True))
     roomy_run = run_reference(EngineConfig(), seconds=120, engine=roomy)
     steps = tight.steps
     preempted = sum(s.preempted for s in steps)
     reqs = tight.requests
-    assert len(reqs) == 16 and all(r.status == "ok" and r.output_tokens == 40 for r in reqs)
+    assert len(reqs) == 12 and all(r.status == "ok" and r.output_tokens == 100 for r in reqs)
     assert preempted > 0 and sum(r.preemptions for r in reqs) == preempted
     assert all(s.kv_used is not None and s.kv_total is not None and s.kv_used <= s.kv_total for s in steps)
-    assert max(s.waiting or 0 for s in steps) > 0
-    assert max(s.running or 0 for s in steps) < 8  # the KV cache, not max_num_seqs, limits concurrency
+    # requests wait while fewer than max_num_seqs run: the KV cache limits concurrency
+    assert any((s.waiting or 0) > 0 and (s.running or 0) < 8 for s in steps)
     # recomputing a preempted request reproduces exactly the tokens it would have produced
     assert tight.engine.outputs == roomy_run.engine.outputs
     assert sum(s.preempted for s in roomy_run.steps) == 0
