@@ -221,7 +221,8 @@ def capture(device: str, tmp: str) -> dict[str, Any]:
     if isinstance(d, CaptureFailed):
         return {"error": d.reason}
     trace = Path(d.bundle) / "trace.json.gz"
-    ev = json.loads(gzip.open(trace).read())
+    with gzip.open(trace) as f:
+        ev = json.loads(f.read())
     events = ev.get("traceEvents", ev if isinstance(ev, list) else [])
     kernels = sum(1 for e in events if isinstance(e, dict) and e.get("cat") == "kernel")
     stages = sorted(
