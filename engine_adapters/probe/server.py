@@ -174,7 +174,8 @@ class Publisher(threading.Thread):
         self._dev_in.append(rec)
 
     def add_observer(self, fn: Any) -> None:
-        """Call ``fn(records)`` in the publisher thread with every batch (e.g. metrics)."""
+        """Call ``fn(records)`` in the publisher thread with every batch of records: the
+        data (steps, requests, device samples) and the control records (capture results)."""
         self._observers.append(fn)
 
     def recent_steps(self) -> list[StepRecord]:
@@ -214,13 +215,18 @@ class Publisher(threading.Thread):
             for sub in self._subs:
                 if sub.authed and not sub.closing:
                     self._queue_data(sub, blob, n)
+        ctrl: list[Record] = []
+        while self._ctrl_in:
+            rec = self._ctrl_in.popleft()
+            ctrl.append(rec)
+            self._broadcast_ctrl(encode(rec))
+        if self._observers and (recs or ctrl):
+            batch = recs + ctrl if ctrl else recs
             for fn in self._observers:
                 try:
-                    fn(recs)
+                    fn(batch)
                 except Exception:
                     log.exception("probe observer failed")
-        while self._ctrl_in:
-            self._broadcast_ctrl(encode(self._ctrl_in.popleft()))
         names = self.probe.stage_names
         if len(names) != self._n_stages_sent:
             self._n_stages_sent = len(names)
