@@ -73,9 +73,17 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0")
 
 
 def _local_ceiling() -> Ceiling | None:
-    """Peak figures of this host's device (calibration or spec table), for a local server."""
+    """Peak figures of this host's device for a server on this host: a cached calibration
+    (``rltperf calibrate``) or the spec table; never a measurement in the monitor (no
+    torch import here).  The first NVIDIA GPU is assumed when NVML sees one."""
     try:
-        from engine_adapters.ceilings import ceiling_for
+        from engine_adapters.ceilings import (
+            _from_calibration,
+            cache_key,
+            ceiling_for,
+            load_calibrations,
+            spec_ceiling,
+        )
 
         name = None
         try:
@@ -84,24 +92,16 @@ def _local_ceiling() -> Ceiling | None:
             pynvml.nvmlInit()
             try:
                 if pynvml.nvmlDeviceGetCount() > 0:
-                    h = pynvml.nvmlDeviceGetHandleByIndex(0)
-                    n = pynvml.nvmlDeviceGetName(h)
+                    n = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
                     name = n.decode() if isinstance(n, bytes) else str(n)
             finally:
                 pynvml.nvmlShutdown()
         except Exception:
             name = None
         if name is None:
-            return ceiling_for("cpu")
-        import socket
-
-        from engine_adapters.ceilings import load_calibrations, spec_ceiling
-
-        cal = load_calibrations().get(f"{socket.gethostname()}|{name}")
-        if cal:
-            return Ceiling(device=name, peak_bw_gbps=cal.get("copy_gbps"), peak_gflops=cal.get("matmul_gflops"),
-                           dtype=cal.get("dtype"), source="calibration")  # fmt: skip
-        return spec_ceiling(name)
+            return ceiling_for("cpu", quick=False)
+        cal = load_calibrations().get(cache_key(name))
+        return _from_calibration(name, cal, None) if cal else spec_ceiling(name)
     except Exception:
         return None
 
