@@ -287,10 +287,16 @@ class VllmSession(Session):
         self._prev = cur
         if prev is None:
             return
-        if counters_went_back(prev, cur):
+        if counters_went_back(prev, cur):  # restarted between two scrapes: learn it anew
             self._mfu = MfuState()
             self._post(SessionEvent(state="connected", ts_ns=_clk(),
                                     detail="the vLLM server's counters went back: it restarted; figures start anew"))  # fmt: skip
+            try:
+                self._prev = self._connect_once()
+                assert self.hello is not None
+                self._post(self.hello)
+            except ServerUnreachable as exc:
+                self._lost(str(exc))
             return
         sample = derive(prev, cur, self._mfu, float(self.loop_count or 1), self.loop_known)
         self.last_sample = sample
