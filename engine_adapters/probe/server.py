@@ -638,9 +638,10 @@ class Publisher(threading.Thread):
     # -- shutdown --------------------------------------------------------------------------------
 
     def close(self, reason: str) -> None:
-        """Send ``Bye`` to every subscriber (best effort, ≤ 0.5 s) and stop the thread."""
-        self._ctrl_in.append(Bye(reason=reason))
-        self._bye_deadline = time.monotonic() + 0.5
+        """Send what is left, then ``Bye``, to every subscriber (best effort, ≤ 1 s) and
+        stop the thread."""
+        self._bye_reason = reason
+        self._bye_deadline = time.monotonic() + 1.0
         self._stop_ev.set()
         if self.is_alive():
             self.join(2.0)
@@ -648,13 +649,18 @@ class Publisher(threading.Thread):
             self._shutdown_sockets()
 
     def _shutdown_sockets(self) -> None:
-        # Flush what is left (steps of the last moments and the Bye) for a short while.
+        # Flush what is left — the last steps and requests, then the Bye, in that order
+        # (a monitor stops reading at the Bye) — for a short while.
         try:
             self._tick()
         except Exception:
             pass
+        bye = encode(Bye(reason=getattr(self, "_bye_reason", "probe closed")))
+        for sub in self._subs:
+            if sub.authed and not sub.closing:
+                sub.data.append((bye, 0))  # after all data, never dropped (last in the queue)
         deadline = getattr(self, "_bye_deadline", time.monotonic())
-        while time.monotonic() < deadline and any(s.out is not None or s.ctrl for s in self._subs):
+        while time.monotonic() < deadline and any(s.out is not None or s.ctrl or s.data for s in self._subs):
             for sub in list(self._subs):
                 self._flush(sub)
             time.sleep(0.01)

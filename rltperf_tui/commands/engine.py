@@ -257,10 +257,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        # Let the publisher (it ticks every 50 ms) ship the last steps and requests: its
-        # Bye goes out ahead of data still queued, and monitors stop reading at the Bye.
-        time.sleep(0.2)
-        probe.close(reason)
+        probe.close(reason)  # ships the last steps and requests, then the Bye
     t = engine.totals
     el = time.monotonic() - t0
     mean_depth = (
