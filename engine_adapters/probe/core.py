@@ -228,6 +228,9 @@ class Probe:
             capture (which would otherwise be flagged cold).
         sample_devices: run the ~1 Hz device sampler thread.
         prometheus_port: also serve Prometheus metrics on this port (None: off).
+        captures: True to serve capture requests; a string refuses them with that
+            reason (e.g. an engine whose compute runs in processes this probe cannot
+            profile); the Hello then does not advertise ``capture``.
     """
 
     def __init__(
@@ -242,6 +245,7 @@ class Probe:
         warm_profiler: bool = True,
         sample_devices: bool = True,
         prometheus_port: int | None = None,
+        captures: bool | str = True,
     ) -> None:
         host, port = parse_hostport(listen)
         token = token if token is not None else (os.environ.get("RLTPERF_TOKEN") or None)
@@ -271,6 +275,8 @@ class Probe:
         from engine_adapters.probe.capture import CaptureController
 
         self._capture_ctl = CaptureController(self)
+        if captures is not True:
+            self._capture_ctl.torch_error = captures or "this probe does not run captures"
         if warm_profiler:
             self._capture_ctl.warm()
 

@@ -530,10 +530,10 @@ def attach(core: Any, listen: str) -> Tap | None:
         warm_profiler=False,
         sample_devices=True,
         snapshot_root=os.environ.get("RLTPERF_SNAPSHOTS", "snapshots"),
+        # Captures need the worker processes' profiler: refuse them here with the reason
+        # (the Hello then does not advertise "capture").
+        captures=CAPTURE_REFUSAL,
     )
-    # Captures need the worker processes' profiler: refuse them here with the reason
-    # (the Hello then does not advertise "capture").
-    probe._capture_ctl.torch_error = CAPTURE_REFUSAL
     tap = Tap(core, probe, float(loops or 1))
     tap.install()
     log.info(

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from engine_adapters.base import Adapter, Session
+from engine_adapters.base import Adapter, AdapterTargetError, Session
 from engine_adapters.registry import adapter_for
 
 
@@ -20,6 +20,14 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="vLLM targets: the server's torch_profiler_dir, where its traces are gathered from",
     )
+    p.add_argument(
+        "--loop-count",
+        type=int,
+        default=None,
+        metavar="N",
+        help="vLLM targets: loop passes of a looped model, to correct vLLM's byte/FLOP estimate "
+        "(default: total_ut_steps from the model's config.json, or $RLTPERF_LOOP_COUNT)",
+    )
 
 
 def target_options(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
@@ -29,6 +37,10 @@ def target_options(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
         opts["token"] = args.token
     if getattr(args, "profiler_dir", None):
         opts["profiler_dir"] = args.profiler_dir
+    if getattr(args, "loop_count", None):
+        if args.loop_count < 1:
+            raise AdapterTargetError(f"--loop-count must be at least 1, not {args.loop_count}")
+        opts["loop_count"] = args.loop_count
     opts.update(extra)
     return opts
 
