@@ -23,6 +23,10 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--sleep-ms", type=float, default=0.0, help="host sleep between steps (a known idle gap)")
+    ap.add_argument(
+        "--rate", type=float, default=0.0, metavar="STEPS_PER_S",
+        help="pace the loop to this many steps per second (absolute schedule, no drift); 0 = as fast as it runs",
+    )  # fmt: skip
     ap.add_argument("--snapshots", default="snapshots")
     ap.add_argument("--token", default=None)
     ap.add_argument("--no-warm", action="store_true")
@@ -57,6 +61,8 @@ def main() -> int:
     busy: list[int] = []
     wbytes = args.dim * args.dim * 4
     t_end = time.monotonic() + args.duration
+    period = 1.0 / args.rate if args.rate > 0 else 0.0
+    next_t = time.monotonic()
     while not stop and time.monotonic() < t_end:
         t0 = clk()
         with probe.step("decode", 16, 16) as st:
@@ -69,11 +75,21 @@ def main() -> int:
             f1 = clk()
             st.mark("sample")
             h.argmax(dim=-1)
-            st.set(busy_ns=f1 - f0, bytes_read=4 * wbytes, flops=4 * 2 * 16 * args.dim * args.dim, out_tokens=16)
+            st.set(
+                busy_ns=f1 - f0, bytes_read=4 * wbytes, flops=4 * 2 * 16 * args.dim * args.dim, out_tokens=16
+            )
         durations.append(clk() - t0)
         busy.append(f1 - f0)
         if args.sleep_ms:
             time.sleep(args.sleep_ms / 1000)
+        if period:
+            # next += period; sleep(next - now): the rate does not drift with step time
+            next_t += period
+            delay = next_t - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            elif delay < -1.0:
+                next_t = time.monotonic()  # fell a second behind: do not burst to catch up
     probe.close()
     if args.out:
         with open(args.out, "w") as f:
