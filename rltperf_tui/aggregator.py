@@ -365,7 +365,13 @@ class TargetStats:
                 capture_id=r.capture_id, mode=getattr(r, "mode", "?"), steps=steps
             )
         if isinstance(r, CaptureStarted):
-            c.state, c.first_step, c.cold, c.mode, c.steps = "capturing", r.first_step, r.cold, r.mode, r.steps
+            c.state, c.first_step, c.cold, c.mode, c.steps = (
+                "capturing",
+                r.first_step,
+                r.cold,
+                r.mode,
+                r.steps,
+            )
         elif isinstance(r, CaptureProgress):
             c.state, c.steps_done = "capturing", r.steps_done
         elif isinstance(r, CaptureExporting):
@@ -496,7 +502,15 @@ class TargetStats:
             ok[i] = r.status == "ok"
         self.now_ns = max(self.now_ns, max(finish))
         self.reqs.append(
-            {"arrival": arrival, "finish": finish, "ttft": ttft, "tpot": tpot, "out": out, "prompt": prompt, "ok": ok},
+            {
+                "arrival": arrival,
+                "finish": finish,
+                "ttft": ttft,
+                "tpot": tpot,
+                "out": out,
+                "prompt": prompt,
+                "ok": ok,
+            },
             n,
         )
 
@@ -662,7 +676,14 @@ class TargetStats:
         start = S.last("start")[sl]
         bucket_s = seconds / buckets
         t0 = self.now_ns - int(seconds * 1e9)
-        out: dict[str, Any] = {"t0_ns": t0, "bucket_s": bucket_s, "stage_ms": {}, "gap_ms": [], "step_ms": [], "steps": []}
+        out: dict[str, Any] = {
+            "t0_ns": t0,
+            "bucket_s": bucket_s,
+            "stage_ms": {},
+            "gap_ms": [],
+            "step_ms": [],
+            "steps": [],
+        }
         if end.size == 0:
             nanl = [math.nan] * buckets
             out.update(gap_ms=nanl, step_ms=nanl, steps=[0] * buckets)
@@ -676,7 +697,9 @@ class TargetStats:
             for i, nm in enumerate(self.stage_names[:MAX_STAGES]):
                 col = stages[:, i]
                 if col.any():
-                    out["stage_ms"][nm] = list(np.bincount(b, weights=col.astype(np.float64), minlength=buckets) / cnt / 1e6)
+                    out["stage_ms"][nm] = list(
+                        np.bincount(b, weights=col.astype(np.float64), minlength=buckets) / cnt / 1e6
+                    )
             ids = S.last("step_id")[sl]
             if end.size > 1:
                 g = (start[1:] - end[:-1]).astype(np.float64)
@@ -690,7 +713,9 @@ class TargetStats:
         out["steps"] = [int(c) for c in cnt]
         return out
 
-    def idle_gaps(self, seconds: float = 30.0, threshold_ms: float | None = None, limit: int = 8) -> list[IdleGap]:
+    def idle_gaps(
+        self, seconds: float = 30.0, threshold_ms: float | None = None, limit: int = 8
+    ) -> list[IdleGap]:
         """Gaps between consecutive steps over the threshold, newest first, each with the
         stage that grew most in the step before it (vs that stage's median in the window).
 

@@ -90,6 +90,10 @@ class TargetHandle:
         self.stats = stats
         self.note = spec.note
         self.inflight = threading.Semaphore(MAX_INFLIGHT)
+        self.posted = 0
+        """Batches the worker posted (written by the worker thread only)."""
+        self.handled = 0
+        """Batches the app handled (written by the UI thread only)."""
         self.rec_lock = threading.Lock()
         self.recorder: RecordingWriter | None = None
         self.recording_path: str | None = None
@@ -174,11 +178,11 @@ class MonitorApp(App[int]):
         Binding("right_square_bracket", "double_steps", "Nx2", key_display="]"),
         Binding("space", "toggle_pause", "pause"),
         Binding("r", "toggle_record", "record"),
-        Binding("p", "replay_pause", "play/pause"),
-        Binding("plus,equals_sign", "replay_speed(2.0)", "faster", key_display="+"),
-        Binding("minus", "replay_speed(0.5)", "slower", key_display="-"),
         Binding("question_mark", "help", "help", key_display="?"),
         Binding("q", "quit", "quit"),
+        Binding("p", "replay_pause", "play"),
+        Binding("plus,equals_sign", "replay_speed(2.0)", "faster", key_display="+"),
+        Binding("minus", "replay_speed(0.5)", "slower", key_display="-"),
     ]
 
     def __init__(
@@ -322,6 +326,7 @@ class MonitorApp(App[int]):
         while not h.inflight.acquire(timeout=0.1):
             if worker.is_cancelled:
                 return False
+        h.posted += 1
         self.post_message(RecordsBatch(h.index, recs, slot=True))
         return True
 
@@ -333,6 +338,7 @@ class MonitorApp(App[int]):
             h.stats.add(message.records)
         finally:
             if message.slot:
+                h.handled += 1
                 h.inflight.release()
         h.dirty = True
         if self.display_paused:

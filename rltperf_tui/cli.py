@@ -63,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"rltperf {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output on stderr (-vv: debug)")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log output on stderr (-vv: debug)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         mod = _load(name)

@@ -85,10 +85,6 @@ def window_roofline(
     gbps = achieved_gbps(total_bytes, seconds) if ok and total_bytes is not None else None
     gfl = total_flops / seconds / 1e9 if ok and total_flops is not None else None
     m = mbu(total_bytes, seconds, peak_bw_gbps) if ok and total_bytes is not None and peak_bw_gbps else None
-    ai = (
-        arithmetic_intensity(total_flops, total_bytes)
-        if total_flops is not None and total_bytes
-        else None
-    )
+    ai = arithmetic_intensity(total_flops, total_bytes) if total_flops is not None and total_bytes else None
     bal = machine_balance(peak_gflops, peak_bw_gbps) if peak_gflops and peak_bw_gbps else None
     return RooflinePoint(gbps, gfl, m, ai, bal, verdict(ai, bal, idle_fraction))

@@ -27,7 +27,9 @@ def load_recording(path: str | os.PathLike[str], peak_gbps: float | None = None,
         return stats, reader.header, warning
 
 
-def summarize(stats: TargetStats, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> dict[str, Any]:
+def summarize(
+    stats: TargetStats, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
+) -> dict[str, Any]:
     """The ``rltperf summary --json`` object."""
     w = stats.window(None, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
     out = w.as_summary()

@@ -38,8 +38,12 @@ print(n, flush=True)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=int, default=200_000, help="steps for the per-step cost (default 200000, min 100000)")
-    p.add_argument("--rounds", type=int, default=40, help="A/B round pairs for the steps/s ratio (default 40)")
+    p.add_argument(
+        "--steps", type=int, default=200_000, help="steps for the per-step cost (default 200000, min 100000)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=40, help="A/B round pairs for the steps/s ratio (default 40)"
+    )
     p.add_argument("--round-s", type=float, default=0.25, help="seconds per round (default 0.25)")
 
 
@@ -219,7 +223,9 @@ def print_text(r: dict[str, Any]) -> None:
           f"{r['timer_overhead_ns']:.0f} ns removed):")  # fmt: skip
     print(f"  step.mark() form   p50 {m['p50']:7.0f} ns   p99 {m['p99']:7.0f} ns   (target p50 <= 2000)")
     print(f"  with stage() form  p50 {w['p50']:7.0f} ns   p99 {w['p99']:7.0f} ns")
-    print(f"torch loop steps/s, probe + live subscriber vs probe off ({r['rounds']} interleaved rounds of {r['round_s']} s):")
+    print(
+        f"torch loop steps/s, probe + live subscriber vs probe off ({r['rounds']} interleaved rounds of {r['round_s']} s):"
+    )
     print(f"  on {r['steps_per_s_on']:.0f}/s  off {r['steps_per_s_off']:.0f}/s  ratio {r['steps_per_s_ratio']:.4f} "
           f"(target >= 0.99); subscriber received {r['subscriber_records']} records")  # fmt: skip
     print("OK" if r["ok"] else "TARGET MISSED")

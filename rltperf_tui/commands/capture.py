@@ -37,7 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("ops", "full"), default="ops", help="ops (default) or full")
     p.add_argument("--label", default=None, help="label added to the bundle folder name")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="give up after S seconds (default 300)")
+    p.add_argument(
+        "--timeout", type=float, default=300.0, metavar="S", help="give up after S seconds (default 300)"
+    )
     add_target_options(p)
 
 
@@ -57,7 +59,10 @@ def run(args: argparse.Namespace) -> int:
                 if getattr(r, "capture_id", None) not in (cid, None):
                     continue
                 if isinstance(r, CaptureStarted):
-                    prog.show(f"capture {cid}: capturing from step {r.first_step}" + (" (cold profiler)" if r.cold else ""))
+                    prog.show(
+                        f"capture {cid}: capturing from step {r.first_step}"
+                        + (" (cold profiler)" if r.cold else "")
+                    )
                 elif isinstance(r, CaptureProgress):
                     prog.show(f"capture {cid}: capturing {r.steps_done}/{r.steps} steps")
                 elif isinstance(r, CaptureExporting):
@@ -92,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
             if exporting_since is not None:
                 prog.show(f"capture {cid}: exporting ({time.monotonic() - exporting_since:.1f} s)")
         prog.done()
-        print(f"rltperf capture: no result within {args.timeout:g} s (is the engine stepping?)", file=sys.stderr)
+        print(
+            f"rltperf capture: no result within {args.timeout:g} s (is the engine stepping?)", file=sys.stderr
+        )
         return 1
     finally:
         session.close()

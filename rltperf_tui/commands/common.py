@@ -12,7 +12,9 @@ from engine_adapters.registry import adapter_for
 
 def add_target_options(p: argparse.ArgumentParser) -> None:
     """``--token`` (probe secret) and ``--profiler-dir`` (vLLM traces) for live targets."""
-    p.add_argument("--token", default=None, help="probe token for non-loopback targets (default $RLTPERF_TOKEN)")
+    p.add_argument(
+        "--token", default=None, help="probe token for non-loopback targets (default $RLTPERF_TOKEN)"
+    )
     p.add_argument(
         "--profiler-dir",
         default=None,

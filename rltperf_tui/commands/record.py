@@ -66,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {args.output}: {writer.records} records ({steps} steps) over {elapsed:.1f} s, {writer.bytes} bytes"
     )
     if ended:
-        print(f"rltperf record: stopped early after {elapsed:.1f} s: {ended}; kept what was recorded", file=sys.stderr)
+        print(
+            f"rltperf record: stopped early after {elapsed:.1f} s: {ended}; kept what was recorded",
+            file=sys.stderr,
+        )
         return 1
     return 0

@@ -21,7 +21,9 @@ step_ms, gap_ms, idle_fraction, mbu, tokens_per_s, ttft_ms, tpot_ms, requests, d
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="recording (.rltrec)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--peak-gbps", type=float, default=None, help="peak memory bandwidth for MBU (overrides the engine's)")
+    p.add_argument(
+        "--peak-gbps", type=float, default=None, help="peak memory bandwidth for MBU (overrides the engine's)"
+    )
     p.add_argument("--peak-gflops", type=float, default=None, help="peak FLOP/s (GFLOP/s) for the roofline")
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT SLO for goodput")
     p.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO for goodput")
@@ -53,7 +55,11 @@ def run(args: argparse.Namespace) -> int:
         f"gap ms      {_p(out['gap_ms'])}",
         f"idle        {_f(out['idle_fraction'], '{:.1%}')} of wall time (1 - device busy / wall)",
         f"bandwidth   {_f(out['achieved_gbps'], '{:.2f}')} GB/s, MBU {_f(out['mbu'], '{:.1%}')}"
-        + (f" of {peak['bw_gbps']:.1f} GB/s ({peak['source']})" if peak and peak.get("bw_gbps") else " (no peak known: --peak-gbps)"),
+        + (
+            f" of {peak['bw_gbps']:.1f} GB/s ({peak['source']})"
+            if peak and peak.get("bw_gbps")
+            else " (no peak known: --peak-gbps)"
+        ),
         f"verdict     {out['verdict']}",
         f"tokens/s    {_f(out['tokens_per_s'], '{:.1f}')}",
         f"TTFT ms     {_p(out['ttft_ms'])}",
@@ -63,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         "(percentiles of pooled samples over the whole recording)",
     ]
     if out["profiled_steps"]:
-        lines.append(f"note: {out['profiled_steps']} steps ran under the profiler; they are not baseline timings")
+        lines.append(
+            f"note: {out['profiled_steps']} steps ran under the profiler; they are not baseline timings"
+        )
     print("\n".join(lines))
     return 0

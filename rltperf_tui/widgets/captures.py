@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.content import Content
 
-from rltperf_tui.widgets._fmt import Lines, size
+from rltperf_tui.widgets._fmt import Lines, bar, size
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
 STATE_STYLE = {
@@ -46,40 +46,46 @@ class CapturesPanel(Panel):
                 ln.add(f"none yet: c ops-only, f full, N={ctx.capture_steps} steps", "$text-muted").nl()
                 ln.add("[ ] halve/double N; bundles go to the engine's snapshots", "$text-muted")
             return ln.build()
-        rows = 0
+        out: list[list[tuple[str, str]]] = []  # lines of (text, style)
         for c in caps:
-            if rows + 2 > height:
-                break
-            ln.add(f"{c.mode:<4} ", "bold").add(f"N={c.steps:<3} ", "$text-muted")
-            ln.add(f"{c.state} ", STATE_STYLE.get(c.state, "bold"))
+            lines: list[list[tuple[str, str]]] = []
+            head = [(f"{c.mode:<4} ", "bold"), (f"N={c.steps:<3} ", "$text-muted"),
+                    (f"{c.state} ", STATE_STYLE.get(c.state, "bold"))]  # fmt: skip
             if c.state == "capturing":
                 frac = c.steps_done / c.steps if c.steps else 0.0
-                ln.add(f"{c.steps_done}/{c.steps} ", "bold").bar(
-                    frac, min(16, max(4, width - 50)), "$warning"
-                )
+                bw = min(16, max(4, width - 40))
+                filled = bar(frac, bw).rstrip(" ")
+                head += [(f"{c.steps_done}/{c.steps} ", "bold"), (filled, "$warning"),
+                         ("░" * (bw - len(filled)), "$text-disabled")]  # fmt: skip
                 if c.first_step is not None:
-                    ln.add(f" from step {c.first_step}", "$text-muted")
+                    head.append((f" from step {c.first_step}", "$text-muted"))
             elif c.state == "armed":
-                ln.add("waiting for the next step boundary", "$text-muted")
+                head.append(("waiting for the next step boundary", "$text-muted"))
             elif c.state == "exporting":
                 seen = ctx.exporting_seen.get(c.capture_id)
                 el = f"{ctx.mono_now - seen:.1f} s" if seen is not None else "…"
-                ln.add(f"{c.steps_done}/{c.steps} steps, export running {el}", "$text-muted")
+                head.append((f"{c.steps_done}/{c.steps} steps, export running {el}", "$text-muted"))
             elif c.state == "saved":
-                ln.add(f"{c.steps_done}/{c.steps} steps", "bold")
-                ln.add(f" · {size(c.trace_bytes)} · {c.events or 0:,} events", "")
-                ln.add(f" · export {c.export_s:.2f} s" if c.export_s is not None else "", "")
+                head.append((f"{c.steps_done}/{c.steps} steps", "bold"))
+                if c.export_s is not None:
+                    head.append((f" · export {c.export_s:.2f} s", ""))
             if c.cold:
-                ln.add(" (cold profiler)", "$warning")
-            ln.nl()
-            rows += 1
+                head.append((" (cold profiler)", "$warning"))
+            lines.append(head)
+            if c.state == "saved":
+                lines.append([(f"  trace {size(c.trace_bytes)} · {c.events or 0:,} events", "")])
             if c.state in ("failed", "refused"):
-                ln.add("  " + (c.error or "no reason given"), "$error").nl()
-                rows += 1
-                if c.bundle and rows < height:
-                    ln.add("  error kept in " + _short_path(c.bundle, width - 18), "$text-muted").nl()
-                    rows += 1
+                text = c.error or "no reason given"
+                step = max(10, width - 2)
+                for k in range(0, min(len(text), 3 * step), step):
+                    lines.append([("  " + text[k : k + step], "$error")])
+                if c.bundle:
+                    lines.append([("  error kept in " + _short_path(c.bundle, width - 18), "$text-muted")])
             elif c.bundle:
-                ln.add("  " + _short_path(c.bundle, width - 3), "$text-muted").nl()
-                rows += 1
+                lines.append([("  " + _short_path(c.bundle, width - 3), "$text-muted")])
+            if out and len(out) + len(lines) > height:
+                break
+            out.extend(lines)
+        for line in out[:height]:
+            ln.extend(line).nl()
         return ln.build()

@@ -60,10 +60,10 @@ class DevicePanel(Panel):
         ln.nl()
         for g in gaps:
             ago = (st.now_ns - g.at_ns) / 1e9
-            ln.add(f"  t-{ago:5.1f} s ", "$text-muted")
+            ln.add(f"t-{ago:.1f} s".rjust(9) + " ", "$text-muted")
             ln.add(f"{ms(g.length_ms):>7} ms", "bold $warning")
             ln.add(f" after #{g.after_step}", "$text-muted")
-            if g.grown_stage:
+            if g.grown_stage and g.grown_ms is not None and g.grown_ms >= 0.01:
                 ln.add(" grew: ", "$text-muted").add(f"{g.grown_stage} +{ms(g.grown_ms)}")
             ln.nl()
         return ln.build()

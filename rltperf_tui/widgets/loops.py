@@ -25,7 +25,7 @@ class LoopsPanel(Panel):
         hist = w.exit_hist
         total = sum(hist)
         depths = max(len(hist), len(w.loop_ms_mean), len(kv))
-        rows_left = height - 2  # header + speculation line
+        rows_left = height - 3  # header + two speculation lines
         if depths == 0:
             ln.add("no loop data reported (exit depths, loop times)", "$text-muted").nl()
         else:
@@ -47,13 +47,13 @@ class LoopsPanel(Panel):
             ln.add("mean exit depth ", "$text-muted").add(num(w.mean_exit_depth, "{:.2f}"), "bold")
             ln.add(f" of {depths}", "$text-muted")
             ln.nl()
-        ln.add("spec ", "$text-muted")
         if w.spec_drafted == 0:
-            ln.add("no drafts in window (speculation off or idle)", "$text-muted")
+            ln.add("speculation ", "$text-muted").add("no drafts in window (off or idle)", "$text-muted")
         else:
+            ln.add("speculation ", "$text-muted")
             ln.add("drafted ", "$text-muted").add(f"{w.spec_drafted:,}", "bold")
-            ln.add(" accepted ", "$text-muted").add(f"{w.spec_accepted:,}", "bold")
-            ln.add(" rate ", "$text-muted").add(pct(w.acceptance_rate), "bold")
-            ln.add(" mean accept len ", "$text-muted").add(num(w.mean_acceptance_len, "{:.2f}"), "bold")
-            ln.add(" (1 + accepted/drafts)", "$text-muted")
+            ln.add(" · accepted ", "$text-muted").add(f"{w.spec_accepted:,}", "bold")
+            ln.add(" · rate ", "$text-muted").add(pct(w.acceptance_rate), "bold").nl()
+            ln.add("            mean acceptance length ", "$text-muted")
+            ln.add(num(w.mean_acceptance_len, "{:.2f}"), "bold").add(" (1 + accepted/drafts)", "$text-muted")
         return ln.build()

@@ -37,9 +37,12 @@ class TargetHeader(Panel):
         if state == "reconnecting" and st.hello is None:
             state = "waiting"  # never connected yet: the engine may still be starting
         ln.add("● " + state, STATE_STYLE.get(state, "bold"))
-        if ctx.replay:
-            ln.add(f" ({ctx.replay})", "$text-muted")
+        if ctx.replay and state != "ended":
+            ln.add(" (replay)", "$text-muted")
         ln.add("  ")
+        if info is not None and info.random_weights:
+            # first, so that no width truncates it away
+            ln.add(" RANDOM WEIGHTS ", "bold reverse $error").add("  ")
         if info is None:
             ln.add("no engine hello yet", "$text-muted")
         else:
@@ -50,9 +53,6 @@ class TargetHeader(Panel):
                 parts.append(info.quantization)
             parts.append(info.device or "device ?")
             ln.add(" · ".join(parts), "bold")
-            if info.random_weights:
-                ln.add("  ")
-                ln.add(" RANDOM WEIGHTS ", "bold reverse $error")
         ln.nl()
         if info is not None:
             loops = info.loop_config or (f"max {info.max_loops}" if info.max_loops else "n/a")
