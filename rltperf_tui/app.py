@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
+from pathlib import Path
 from typing import Any, ClassVar
 
 from textual.app import App, ComposeResult, SystemCommand
@@ -168,7 +169,7 @@ def _slug(target: str) -> str:
 class MonitorApp(App[int]):
     """The live monitor over one or more targets (live engines or recordings)."""
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses live elsewhere
     TITLE = "rltperf"
 
     BINDINGS: ClassVar[list[BindingType]] = [

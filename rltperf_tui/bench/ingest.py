@@ -196,11 +196,12 @@ def tui_cost(duration: float, rate: float, refresh: float) -> dict[str, Any]:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
         cenv = dict(env, TERM="xterm-256color", COLUMNS="120", LINES="40")
         child = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, f"tcp://{addr}", out, str(refresh)],
+            [sys.executable, "-c", os.environ.get("RLTPERF_BENCH_CHILD") or _CHILD, f"tcp://{addr}", out, str(refresh)],
             stdin=slave, stdout=slave, stderr=slave, env=cenv, start_new_session=True,
         )  # fmt: skip
         os.close(slave)
         drained = [0]
+        tail = bytearray()
 
         def drain() -> None:
             while True:
@@ -211,6 +212,8 @@ def tui_cost(duration: float, rate: float, refresh: float) -> dict[str, Any]:
                 if not data:
                     return
                 drained[0] += len(data)
+                tail.extend(data)
+                del tail[:-4096]
 
         threading.Thread(target=drain, daemon=True).start()
         proc = psutil.Process(child.pid)
@@ -229,8 +232,14 @@ def tui_cost(duration: float, rate: float, refresh: float) -> dict[str, Any]:
         rss1 = proc.memory_info().rss
         os.write(master, b"q")
         child.wait(30)
-        with open(out) as f:
-            seen = json.load(f)
+        try:
+            with open(out) as f:
+                seen = json.load(f)
+        except OSError:
+            text = tail.decode("utf-8", "replace")
+            raise RuntimeError(
+                f"the monitor process wrote no figures; its terminal ended with:\n{text}"
+            ) from None
         cpu = (c1.user - c0.user) + (c1.system - c0.system)
         ecpu = (e1.user - e0.user) + (e1.system - e0.system)
         return {

@@ -123,20 +123,30 @@ def spark(values: Sequence[float], top: float | None = None) -> str:
     return "".join(out)
 
 
+Row = tuple[tuple[str, str], ...]
+"""One screen line: (text, style) parts."""
+
+
 class Lines:
-    """Builds a multi-line ``Content`` from styled parts (no markup parsing of data)."""
+    """Builds lines of styled parts (no markup parsing of data).  Consecutive parts of
+    one style are merged, so a line is a few segments however it was built."""
 
     def __init__(self) -> None:
-        self._parts: list[tuple[str, str] | str] = []
+        self._lines: list[list[tuple[str, str]]] = [[]]
 
     def add(self, text: str, style: str = "") -> Lines:
         """Append ``text`` in ``style`` (Textual style string, theme variables allowed)."""
-        self._parts.append((text, style) if style else text)
+        if text:
+            cur = self._lines[-1]
+            if cur and cur[-1][1] == style:
+                cur[-1] = (cur[-1][0] + text, style)
+            else:
+                cur.append((text, style))
         return self
 
     def nl(self) -> Lines:
         """End the line."""
-        self._parts.append("\n")
+        self._lines.append([])
         return self
 
     def bar(self, frac: float | None, width: int, style: str) -> Lines:
@@ -150,12 +160,26 @@ class Lines:
 
     def extend(self, parts: Iterable[tuple[str, str]]) -> Lines:
         """Append several styled parts."""
-        for t, s in parts:
-            self.add(t, s)
+        for t, st in parts:
+            self.add(t, st)
         return self
 
+    def rows(self) -> list[Row]:
+        """The lines (a trailing empty line dropped)."""
+        lines = self._lines
+        if len(lines) > 1 and not lines[-1]:
+            lines = lines[:-1]
+        return [tuple(line) for line in lines]
+
+    def plain(self) -> str:
+        """The text without styles."""
+        return "\n".join("".join(t for t, _ in row) for row in self.rows())
+
     def build(self) -> Content:
-        """The assembled content (trailing newline removed)."""
-        while self._parts and self._parts[-1] == "\n":
-            self._parts.pop()
-        return Content.assemble(*self._parts)
+        """The lines as one ``Content``."""
+        parts: list[tuple[str, str] | str] = []
+        for k, row in enumerate(self.rows()):
+            if k:
+                parts.append("\n")
+            parts.extend((t, st) if st else t for t, st in row)
+        return Content.assemble(*parts)

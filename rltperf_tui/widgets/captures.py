@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from textual.content import Content
-
 from rltperf_tui.widgets._fmt import Lines, bar, size
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
@@ -34,7 +32,7 @@ class CapturesPanel(Panel):
     def panel_title(self, ctx: PanelContext) -> str:
         return f"Captures · N={ctx.capture_steps} steps · c ops-only · f full"
 
-    def body(self, ctx: PanelContext, width: int, height: int) -> Content:
+    def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         caps = list(ctx.stats.captures.values())[::-1]
         ln = Lines()
         if not caps:
@@ -45,7 +43,7 @@ class CapturesPanel(Panel):
             else:
                 ln.add(f"none yet: c ops-only, f full, N={ctx.capture_steps} steps", "$text-muted").nl()
                 ln.add("[ ] halve/double N; bundles go to the engine's snapshots", "$text-muted")
-            return ln.build()
+            return ln
         out: list[list[tuple[str, str]]] = []  # lines of (text, style)
         for c in caps:
             lines: list[list[tuple[str, str]]] = []
@@ -88,4 +86,4 @@ class CapturesPanel(Panel):
             out.extend(lines)
         for line in out[:height]:
             ln.extend(line).nl()
-        return ln.build()
+        return ln

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from textual.content import Content
-
 from rltperf_tui.widgets._fmt import Lines, ms, pct, size
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
@@ -21,7 +19,7 @@ class DevicePanel(Panel):
     def panel_title(self, ctx: PanelContext) -> str:
         return f"Device · idle = 1 - Σbusy/W (probe events) · last {ctx.window_s:g} s"
 
-    def body(self, ctx: PanelContext, width: int, height: int) -> Content:
+    def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         st = ctx.stats
         w = ctx.window
         ln = Lines()
@@ -50,13 +48,16 @@ class DevicePanel(Panel):
             if d.sm_clock_mhz is not None:
                 ln.add(f"{d.sm_clock_mhz:.0f} MHz", "$text-muted")
             ln.nl()
-        thr = st.idle_gap_threshold_ms(ctx.timeline_s)
-        gaps = st.idle_gaps(ctx.timeline_s, threshold_ms=thr, limit=max(1, height - 3 - len(gpus[:2])))
-        ln.add(f"idle gaps > {ms(thr)} ms, last {ctx.timeline_s:g} s", "$text-muted")
-        ln.add(
-            f" ({len(gaps)}{'+' if len(gaps) >= max(1, height - 3) else ''})" if gaps else ": none",
-            "$text-muted",
-        )
+        thr = st.idle_gap_threshold_ms(ctx.window_s)
+        room = max(1, height - 3 - len(gpus[:2]))
+        gaps = st.idle_gaps(ctx.window_s, threshold_ms=thr, limit=room + 1)
+        ln.add(f"idle gaps > {ms(thr)} ms: ", "$text-muted")
+        if gaps:
+            more = len(gaps) > room
+            gaps = gaps[:room]
+            ln.add(f"{'more than ' if more else ''}{len(gaps)}, newest first", "$text-muted")
+        else:
+            ln.add("none", "$text-muted")
         ln.nl()
         for g in gaps:
             ago = (st.now_ns - g.at_ns) / 1e9
@@ -66,4 +67,4 @@ class DevicePanel(Panel):
             if g.grown_stage and g.grown_ms is not None and g.grown_ms >= 0.01:
                 ln.add(" grew: ", "$text-muted").add(f"{g.grown_stage} +{ms(g.grown_ms)}")
             ln.nl()
-        return ln.build()
+        return ln

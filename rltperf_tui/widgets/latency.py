@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from textual.content import Content
-
 from rltperf_tui.widgets._fmt import Lines, ms, num, si
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
@@ -18,7 +16,7 @@ class LatencyPanel(Panel):
     def panel_title(self, ctx: PanelContext) -> str:
         return f"Latency · P50/P95/P99 of pooled samples · last {ctx.window_s:g} s"
 
-    def body(self, ctx: PanelContext, width: int, height: int) -> Content:
+    def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         w = ctx.window
         ln = Lines()
         ln.add(f"{'ms':<8}{'p50':>9}{'p95':>9}{'p99':>9}", "$text-muted").nl()
@@ -48,4 +46,4 @@ class LatencyPanel(Panel):
                 slo.append(f"TPOT≤{ctx.slo_tpot_ms:g} ms")
             ln.add(num(w.goodput_rps, "{:.2f}", " req/s"), "bold")
             ln.add(" meeting " + " & ".join(slo), "$text-muted")
-        return ln.build()
+        return ln

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from textual.content import Content
-
 from rltperf_tui.widgets._fmt import Lines, ms, num, pct
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
@@ -18,7 +16,7 @@ class LoopsPanel(Panel):
     def panel_title(self, ctx: PanelContext) -> str:
         return f"Loops & speculation · sums/means per step · last {ctx.window_s:g} s"
 
-    def body(self, ctx: PanelContext, width: int, height: int) -> Content:
+    def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         w = ctx.window
         kv = ctx.stats.latest_kv().get("kv_per_depth") or []
         ln = Lines()
@@ -56,4 +54,4 @@ class LoopsPanel(Panel):
             ln.add(" · rate ", "$text-muted").add(pct(w.acceptance_rate), "bold").nl()
             ln.add("            mean acceptance length ", "$text-muted")
             ln.add(num(w.mean_acceptance_len, "{:.2f}"), "bold").add(" (1 + accepted/drafts)", "$text-muted")
-        return ln.build()
+        return ln

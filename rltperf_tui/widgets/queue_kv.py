@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from textual.content import Content
-
 from rltperf_tui.widgets._fmt import NA, Lines, is_num, pct, size
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
@@ -22,7 +20,7 @@ class QueuePanel(Panel):
     def panel_title(self, ctx: PanelContext) -> str:
         return "Queue & KV · newest step · host sample ~1 Hz"
 
-    def body(self, ctx: PanelContext, width: int, height: int) -> Content:
+    def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         st = ctx.stats
         kv = st.latest_kv()
         ln = Lines()
@@ -55,4 +53,4 @@ class QueuePanel(Panel):
         ln.add("engine   ", "$text-muted")
         ln.add(f"{host.proc_cpu:.2f} cores" if host is not None and host.proc_cpu is not None else NA, "bold")
         ln.add(" CPU · RSS ", "$text-muted").add(size(host.proc_rss) if host is not None else NA, "bold")
-        return ln.build()
+        return ln

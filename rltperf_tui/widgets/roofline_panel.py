@@ -3,8 +3,6 @@ arithmetic intensity against machine balance, the verdict, ceiling vs measured s
 
 from __future__ import annotations
 
-from textual.content import Content
-
 from rltperf_tui.widgets._fmt import Lines, ms, num, pct
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
@@ -26,7 +24,7 @@ class RooflinePanel(Panel):
     def panel_title(self, ctx: PanelContext) -> str:
         return f"Bandwidth & roofline · sums over last {ctx.window_s:g} s"
 
-    def body(self, ctx: PanelContext, width: int, height: int) -> Content:
+    def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         w = ctx.window
         ceiling = ctx.stats.ceiling
         ln = Lines()
@@ -73,4 +71,4 @@ class RooflinePanel(Panel):
                 f"{w.warmup_steps} warm-up steps in window: not a baseline",
                 "$warning",
             )
-        return ln.build()
+        return ln

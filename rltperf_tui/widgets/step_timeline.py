@@ -10,8 +10,8 @@ than this panel has at 80x24; a stacked bar reads at a glance.)
 from __future__ import annotations
 
 import math
-
-from textual.content import Content
+from bisect import bisect_right
+from itertools import accumulate
 
 from rltperf_tui.widgets._fmt import BLOCKS, STAGE_COLORS, STAGE_GLYPHS, Lines, is_num, ms, spark
 from rltperf_tui.widgets.panel import Panel, PanelContext
@@ -42,7 +42,7 @@ class StepTimeline(Panel):
     def panel_title(self, ctx: PanelContext) -> str:
         return f"Step time by stage · mean per bucket · last {ctx.timeline_s:g} s"
 
-    def body(self, ctx: PanelContext, width: int, height: int) -> Content:
+    def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         st = ctx.stats
         cols = max(8, width - AXIS_W - 1)
         legend_rows = 2 if height >= 8 else 1
@@ -57,7 +57,7 @@ class StepTimeline(Panel):
             ln.add("no steps in the last " + f"{ctx.timeline_s:g} s", "$text-muted")
             if st.state != "connected":
                 ln.add(f" (target {st.state})", "$text-muted")
-            return ln.build()
+            return ln
         no_color = self.app.no_color
         idx = {n: st.stage_names.index(n) for n in names}
         # Stage stacks per column; the part of the step no stage covers is "other".
@@ -86,6 +86,27 @@ class StepTimeline(Panel):
             glyph = STAGE_GLYPHS[i % len(STAGE_GLYPHS)] if no_color else "█"
             return glyph, STAGE_COLORS[i % len(STAGE_COLORS)]
 
+        styles: dict[str, tuple[str, str]] = {}
+        blank = (" ", "")
+        grid = [[blank] * cols for _ in range(chart_h)]
+        for c in range(cols):
+            parts = stacks[c]
+            if not parts:
+                continue
+            total_e = totals[c] / unit
+            cum = list(accumulate(v / unit for _, v in parts))
+            last = len(parts) - 1
+            for row in range(min(chart_h, math.ceil(total_e / 8))):
+                lo = row * 8
+                # the stage at the cell's middle (or at its top, for a partial cell)
+                k = min(bisect_right(cum, min(lo + 4, total_e - 0.01)), last)
+                name = parts[k][0]
+                cell = styles.get(name)
+                if cell is None:
+                    cell = styles[name] = style_of(name)
+                if total_e < lo + 8:
+                    cell = (BLOCKS[max(1, min(8, round(total_e - lo)))], cell[1])
+                grid[row][c] = cell
         ln = Lines()
         for row in range(chart_h - 1, -1, -1):
             if row == chart_h - 1:
@@ -94,29 +115,7 @@ class StepTimeline(Panel):
                 ln.add("0 ms".rjust(AXIS_W - 1) + "┤", "$text-muted")
             else:
                 ln.add(" " * (AXIS_W - 1) + "│", "$text-muted")
-            lo = row * 8
-            for c in range(cols):
-                parts = stacks[c]
-                if not parts:
-                    ln.add(" ")
-                    continue
-                total_e = totals[c] / unit
-                if total_e <= lo:
-                    ln.add(" ")
-                    continue
-                # which stage is at the cell's middle (or its top, for a partial cell)
-                probe_e = min(lo + 4, total_e - 0.01)
-                acc = 0.0
-                name = parts[-1][0]
-                for n, v in parts:
-                    acc += v / unit
-                    if acc > probe_e:
-                        name = n
-                        break
-                glyph, style = style_of(name)
-                if total_e < lo + 8:
-                    glyph = BLOCKS[max(1, min(8, round(total_e - lo)))]
-                ln.add(glyph, style)
+            ln.extend(grid[row])
             ln.nl()
         # gap row: mean gap per bucket, scaled to its own max
         gfin = [g for g in gap_ms if is_num(g)]
@@ -152,4 +151,4 @@ class StepTimeline(Panel):
                 line_w = AXIS_W
             ln.add(glyph, style).add(" " + label + "  ")
             line_w += need
-        return ln.build()
+        return ln

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from textual.content import Content
-
 from rltperf_tui.widgets._fmt import NA, Lines, ms, pct, si
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
@@ -28,7 +26,7 @@ class TargetHeader(Panel):
     def panel_title(self, ctx: PanelContext) -> str:
         return ctx.target
 
-    def body(self, ctx: PanelContext, width: int, height: int) -> Content:
+    def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         st = ctx.stats
         info = st.info
         w = ctx.window
@@ -88,4 +86,4 @@ class TargetHeader(Panel):
             ln.add(" · ", "$text-muted").add(detail, STATE_STYLE.get(state, ""))
         if ctx.note:
             ln.add(" · ", "$text-muted").add(ctx.note, "$text-muted")
-        return ln.build()
+        return ln

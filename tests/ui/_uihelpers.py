@@ -42,7 +42,7 @@ def panel_text(app: MonitorApp, cls: type[Panel], index: int = 0) -> str:
     """The plain text a panel of target ``index`` shows now."""
     col = app.query_one(f"#target-{index}")
     panel = col.query_one(cls)
-    return str(panel.render().plain)
+    return panel.render_text()
 
 
 async def replay_finished(pilot: Pilot[int]) -> None:
