@@ -253,7 +253,7 @@ def tui_cost(duration: float, rate: float, refresh: float) -> dict[str, Any]:
             "tui_ticks": seen["ticks"],
             "tui_rss_mb_start": round(rss0 / 2**20, 1),
             "tui_rss_mb_end": round(rss1 / 2**20, 1),
-            "tui_rss_mb_max": round(max(rss_samples + [rss1]) / 2**20, 1),
+            "tui_rss_mb_max": round(max([*rss_samples, rss1]) / 2**20, 1),
             "refresh_hz": refresh,
             "terminal_bytes_written": drained[0],
         }
