@@ -39,7 +39,9 @@ class RecordingWriter:
         try:
             self._f: IO[bytes] = open(self.path, mode)  # noqa: SIM115 - closed in close()
         except FileExistsError:
-            raise RecordingError(f"{self.path} exists: choose another name (recordings are never overwritten)") from None
+            raise RecordingError(
+                f"{self.path} exists: choose another name (recordings are never overwritten)"
+            ) from None
         except OSError as exc:
             raise RecordingError(f"cannot create {self.path}: {exc.strerror}") from None
         header = {

@@ -17,7 +17,7 @@ bytes; fractions are 0..1; ``None`` means "not known / not available", never zer
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 
@@ -118,13 +118,16 @@ class Ceiling(msgspec.Struct, kw_only=True, omit_defaults=True):
     dtype: str | None = None
     """Dtype the FLOP/s figure is for."""
     source: str = "unknown"
-    """``"calibration"`` (measured by ``rltperf calibrate``), ``"spec table"`` or ``"unknown"``."""
+    """``"calibration"`` (measured by ``rltperf calibrate``), ``"quick calibration"`` (a
+    sub-second CPU measurement made when nothing was cached), ``"spec table"`` or ``"unknown"``."""
+    detail: str | None = None
+    """What was measured (sizes, repetitions, date) or which datasheet row matched."""
 
 
 # --------------------------------------------------------------------------- client -> probe
 
 
-class ClientHello(_Rec, tag="chello"):
+class ClientHello(_Rec, tag="chello", frozen=True):
     """First frame a monitor sends after connecting."""
 
     schema: int
@@ -135,7 +138,7 @@ class ClientHello(_Rec, tag="chello"):
     """Shared secret; required when the probe listens on a non-loopback address."""
 
 
-class Capture(_Rec, tag="capture"):
+class Capture(_Rec, tag="capture", frozen=True):
     """Ask the engine for a bounded profiler capture of ``steps`` complete steps."""
 
     capture_id: str
@@ -150,7 +153,7 @@ class Capture(_Rec, tag="capture"):
     """Shared secret, when the probe requires one."""
 
 
-class Ping(_Rec, tag="ping"):
+class Ping(_Rec, tag="ping", frozen=True):
     """Keep-alive from a client; the probe answers with a ``Stats`` record."""
 
     sent_ns: int = 0
@@ -160,7 +163,7 @@ class Ping(_Rec, tag="ping"):
 # --------------------------------------------------------------------------- probe -> client
 
 
-class Hello(_Rec, tag="hello"):
+class Hello(_Rec, tag="hello", frozen=True):
     """First frame the probe sends to each subscriber."""
 
     schema: int
@@ -181,14 +184,14 @@ class Hello(_Rec, tag="hello"):
     """What this probe supports, e.g. ``["capture", "device_samples"]``."""
 
 
-class StageTable(_Rec, tag="stages"):
+class StageTable(_Rec, tag="stages", frozen=True):
     """New stage names appeared; replaces ``Hello.stage_names``."""
 
     stage_names: list[str]
     """Names of ``StepRecord.stage_ns`` entries, by index."""
 
 
-class StepRecord(_Rec, tag="step"):
+class StepRecord(_Rec, tag="step", frozen=True):
     """One engine step."""
 
     step_id: int
@@ -245,7 +248,7 @@ class StepRecord(_Rec, tag="step"):
     """Bit field of ``FLAG_*``."""
 
 
-class RequestRecord(_Rec, tag="req"):
+class RequestRecord(_Rec, tag="req", frozen=True):
     """One finished (or failed/aborted) request."""
 
     req_id: str
@@ -266,7 +269,7 @@ class RequestRecord(_Rec, tag="req"):
     """Times the request was preempted."""
 
 
-class DeviceSample(_Rec, tag="dev"):
+class DeviceSample(_Rec, tag="dev", frozen=True):
     """About 1 Hz per device: utilisation, memory, clocks; host CPU and engine RSS.
 
     Every field a device cannot provide is ``None`` (shown as N/A), never zero.
@@ -324,7 +327,7 @@ class DeviceSample(_Rec, tag="dev"):
     """A one-off message, e.g. ``"no NVIDIA driver: the CPU is the device"``."""
 
 
-class Stats(_Rec, tag="stats"):
+class Stats(_Rec, tag="stats", frozen=True):
     """Probe health, about once a second per subscriber."""
 
     ts_ns: int
@@ -339,7 +342,7 @@ class Stats(_Rec, tag="stats"):
     """Subscribers attached."""
 
 
-class CaptureStarted(_Rec, tag="cap_started"):
+class CaptureStarted(_Rec, tag="cap_started", frozen=True):
     """The profiler window began."""
 
     capture_id: str
@@ -354,7 +357,7 @@ class CaptureStarted(_Rec, tag="cap_started"):
     """The profiler had not been warmed: its first-use cost falls in the window."""
 
 
-class CaptureProgress(_Rec, tag="cap_progress"):
+class CaptureProgress(_Rec, tag="cap_progress", frozen=True):
     """k of N steps captured so far."""
 
     capture_id: str
@@ -365,7 +368,7 @@ class CaptureProgress(_Rec, tag="cap_progress"):
     """Steps requested."""
 
 
-class CaptureExporting(_Rec, tag="cap_exporting"):
+class CaptureExporting(_Rec, tag="cap_exporting", frozen=True):
     """The window closed; the trace is being exported off the step loop."""
 
     capture_id: str
@@ -374,7 +377,7 @@ class CaptureExporting(_Rec, tag="cap_exporting"):
     """Export start, host monotonic ns."""
 
 
-class CaptureDone(_Rec, tag="cap_done"):
+class CaptureDone(_Rec, tag="cap_done", frozen=True):
     """The bundle is saved."""
 
     capture_id: str
@@ -395,7 +398,7 @@ class CaptureDone(_Rec, tag="cap_done"):
     """``ops`` or ``full``."""
 
 
-class CaptureFailed(_Rec, tag="cap_failed"):
+class CaptureFailed(_Rec, tag="cap_failed", frozen=True):
     """The capture could not be made or saved; ``reason`` says why."""
 
     capture_id: str
@@ -406,7 +409,7 @@ class CaptureFailed(_Rec, tag="cap_failed"):
     """Bundle folder holding the error in ``meta.json``, when one was written."""
 
 
-class Refused(_Rec, tag="refused"):
+class Refused(_Rec, tag="refused", frozen=True):
     """A control message was refused (wrong token, capture already running, bad request)."""
 
     reason: str
@@ -415,14 +418,14 @@ class Refused(_Rec, tag="refused"):
     """The capture it concerns, when it was a capture request."""
 
 
-class Bye(_Rec, tag="bye"):
+class Bye(_Rec, tag="bye", frozen=True):
     """The probe is closing (engine shutting down)."""
 
     reason: str = ""
     """Why."""
 
 
-class SessionEvent(_Rec, tag="session"):
+class SessionEvent(_Rec, tag="session", frozen=True):
     """Monitor-side only: the state of an adapter session changed (never sent by a probe)."""
 
     state: str
@@ -433,25 +436,25 @@ class SessionEvent(_Rec, tag="session"):
     """Monitor monotonic time."""
 
 
-Record = Union[
-    ClientHello,
-    Capture,
-    Ping,
-    Hello,
-    StageTable,
-    StepRecord,
-    RequestRecord,
-    DeviceSample,
-    Stats,
-    CaptureStarted,
-    CaptureProgress,
-    CaptureExporting,
-    CaptureDone,
-    CaptureFailed,
-    Refused,
-    Bye,
-    SessionEvent,
-]
+Record = (
+    ClientHello
+    | Capture
+    | Ping
+    | Hello
+    | StageTable
+    | StepRecord
+    | RequestRecord
+    | DeviceSample
+    | Stats
+    | CaptureStarted
+    | CaptureProgress
+    | CaptureExporting
+    | CaptureDone
+    | CaptureFailed
+    | Refused
+    | Bye
+    | SessionEvent
+)
 """Every record that can appear in a frame."""
 
 CAPTURE_REPLIES = (CaptureStarted, CaptureProgress, CaptureExporting, CaptureDone, CaptureFailed)

@@ -51,8 +51,10 @@ class AdapterEntry:
             cls = getattr(mod, cls_name)
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
-            raise AdapterTargetError(f"adapter {self.name!r} ({self.value}) cannot be loaded: {self.error}") from None
-        return cls  # type: ignore[no-any-return]
+            raise AdapterTargetError(
+                f"adapter {self.name!r} ({self.value}) cannot be loaded: {self.error}"
+            ) from None
+        return cls
 
 
 def available() -> dict[str, AdapterEntry]:
@@ -88,7 +90,9 @@ def adapter_for(target: str, **options: Any) -> Adapter:
     entries = available()
     entry = entries.get(name)
     if entry is None:
-        raise AdapterTargetError(f"no adapter named {name!r} is installed (have: {', '.join(sorted(entries))})")
+        raise AdapterTargetError(
+            f"no adapter named {name!r} is installed (have: {', '.join(sorted(entries))})"
+        )
     if name == "replay" and "://" not in target:
         import os
 

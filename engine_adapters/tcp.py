@@ -97,10 +97,12 @@ class ProbeSession(Session):
                 sock.settimeout(left)
                 try:
                     data = sock.recv(65536)
-                except (socket.timeout, TimeoutError):
+                except TimeoutError:
                     continue
                 if not data:
-                    raise AdapterConnectionError(f"{self.host}:{self.port} closed the connection during the hello")
+                    raise AdapterConnectionError(
+                        f"{self.host}:{self.port} closed the connection during the hello"
+                    )
                 try:
                     first.extend(reader.feed(data))
                 except FrameError as exc:
@@ -126,7 +128,11 @@ class ProbeSession(Session):
                         self._state = "connected"
                         self._ended = False
                         return [
-                            SessionEvent(state="connected", detail=f"connected to {self.host}:{self.port}", ts_ns=_clk()),
+                            SessionEvent(
+                                state="connected",
+                                detail=f"connected to {self.host}:{self.port}",
+                                ts_ns=_clk(),
+                            ),
                             *first[i:],
                         ]
         except AdapterConnectionError:
@@ -157,8 +163,8 @@ class ProbeSession(Session):
 
     def read(self, timeout: float) -> list[Record]:
         if self._pending:
-            out, self._pending = self._pending, []
-            return out
+            first, self._pending = self._pending, []
+            return first
         if self._closed or self._ended:
             time.sleep(min(timeout, 0.05))
             return []
@@ -250,7 +256,9 @@ class ProbeAdapter(Adapter):
     SCHEMES: ClassVar[tuple[str, ...]] = ("tcp://",)
     SUPPORTS_CAPTURE: ClassVar[bool] = True
     SUPPORTS_RECONNECT: ClassVar[bool] = True
-    DESCRIPTION: ClassVar[str] = "live stream from an rltperf probe (reference engine, vLLM plugin, your engine)"
+    DESCRIPTION: ClassVar[str] = (
+        "live stream from an rltperf probe (reference engine, vLLM plugin, your engine)"
+    )
 
     def __init__(self, target: str, **options: Any) -> None:
         super().__init__(target, **options)

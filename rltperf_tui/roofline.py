@@ -59,16 +59,47 @@ def verdict(intensity: float | None, balance: float | None, idle_fraction: float
     return "memory-bound" if intensity < balance else "compute-bound"
 
 
+def mfu(total_flops: float, seconds: float, peak_gflops: float) -> float:
+    """Model FLOP/s utilisation: achieved FLOP/s over peak FLOP/s."""
+    return total_flops / (seconds * peak_gflops * 1e9)
+
+
+def looped_step_bytes(
+    *,
+    block_params: float,
+    loops: int,
+    once_params: float = 0.0,
+    dtype_bytes: float = 2.0,
+    kv_read: float = 0.0,
+    kv_written: float = 0.0,
+) -> float:
+    """Bytes a decode step of a looped transformer moves (DESIGN.md's count).
+
+    The shared block's weights are read once per loop pass (``loops`` times), weights
+    used once per step (``once_params``: e.g. the LM head) once; plus the KV cache read
+    and written.  Embedding rows and norms are negligible and left to the caller.
+    """
+    return (block_params * loops + once_params) * dtype_bytes + kv_read + kv_written
+
+
 @dataclass
 class RooflinePoint:
     """Roofline figures of one window."""
 
     achieved_gbps: float | None
+    """Achieved bandwidth over the window, GB/s."""
     achieved_gflops: float | None
+    """Achieved FLOP/s over the window, GFLOP/s."""
     mbu: float | None
+    """Model bandwidth utilisation (bytes / (seconds x peak bandwidth))."""
     intensity: float | None
+    """Arithmetic intensity, FLOP per byte."""
     balance: float | None
+    """Machine balance, FLOP per byte (peak FLOP/s / peak bandwidth)."""
     verdict: str
+    """``memory-bound``, ``compute-bound``, ``host-bound`` or ``unknown``."""
+    mfu: float | None = None
+    """Model FLOP/s utilisation (FLOPs / (seconds x peak FLOP/s))."""
 
 
 def window_roofline(
@@ -85,6 +116,68 @@ def window_roofline(
     gbps = achieved_gbps(total_bytes, seconds) if ok and total_bytes is not None else None
     gfl = total_flops / seconds / 1e9 if ok and total_flops is not None else None
     m = mbu(total_bytes, seconds, peak_bw_gbps) if ok and total_bytes is not None and peak_bw_gbps else None
+    mf = mfu(total_flops, seconds, peak_gflops) if ok and total_flops is not None and peak_gflops else None
     ai = arithmetic_intensity(total_flops, total_bytes) if total_flops is not None and total_bytes else None
     bal = machine_balance(peak_gflops, peak_bw_gbps) if peak_gflops and peak_bw_gbps else None
-    return RooflinePoint(gbps, gfl, m, ai, bal, verdict(ai, bal, idle_fraction))
+    return RooflinePoint(gbps, gfl, m, ai, bal, verdict(ai, bal, idle_fraction), mf)
+
+
+@dataclass
+class StepRoofline:
+    """Roofline figures per step (numpy arrays, one entry per step; NaN where unknown)."""
+
+    achieved_gbps: np.ndarray
+    """Bytes of the step over its duration, GB/s."""
+    mbu: np.ndarray
+    """The step's bytes over (its duration x peak bandwidth)."""
+    intensity: np.ndarray
+    """FLOP per byte of the step."""
+    ceiling_s: np.ndarray
+    """Roofline floor of the step, seconds (``ceiling_time_s``)."""
+    efficiency: np.ndarray
+    """Ceiling time over the step's duration (1 = at the roofline)."""
+    busy_fraction: np.ndarray
+    """Device busy time over the step's duration."""
+    verdict: list[str]
+    """Per step: ``host-bound`` when the device was busy less than half the step, else
+    ``memory-bound``/``compute-bound`` by intensity against balance, else ``unknown``."""
+
+
+def step_roofline(
+    nbytes: Any,
+    flops: Any,
+    seconds: Any,
+    peak_bw_gbps: float | None,
+    peak_gflops: float | None,
+    busy_s: Any = None,
+) -> StepRoofline:
+    """Roofline figures of each step from per-step bytes, FLOPs, durations (and busy time).
+
+    Inputs are equal-length sequences; NaN (or None) marks an unknown value and gives
+    NaN in the outputs that depend on it.
+    """
+    b = np.asarray(nbytes, dtype=np.float64)
+    f = np.asarray(flops, dtype=np.float64)
+    s = np.asarray(seconds, dtype=np.float64)
+    busy = np.full_like(s, np.nan) if busy_s is None else np.asarray(busy_s, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s_ok = np.where(s > 0, s, np.nan)
+        gbps = b / s_ok / 1e9
+        m = b / (s_ok * peak_bw_gbps * 1e9) if peak_bw_gbps else np.full_like(s, np.nan)
+        ai = np.where(b > 0, f / b, np.nan)
+        if peak_bw_gbps:
+            ceil = np.asarray(ceiling_time_s(b, np.where(np.isnan(f), 0.0, f), peak_bw_gbps, peak_gflops))
+        else:
+            ceil = np.full_like(s, np.nan)
+        eff = ceil / s_ok
+        busy_frac = busy / s_ok
+    bal = machine_balance(peak_gflops, peak_bw_gbps) if peak_gflops and peak_bw_gbps else None
+    verdicts = [
+        verdict(
+            None if np.isnan(a) else float(a),
+            bal,
+            None if np.isnan(bf) else 1.0 - float(bf),
+        )
+        for a, bf in zip(ai, busy_frac, strict=True)
+    ]
+    return StepRoofline(gbps, m, ai, ceil, eff, busy_frac, verdicts)

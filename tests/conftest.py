@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ class EngineProc:
 
     proc: subprocess.Popen[str]
     address: str
+    log_path: str = ""
 
     @property
     def target(self) -> str:
@@ -35,23 +37,37 @@ class EngineProc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        if self.proc.stdout:
+            self.proc.stdout.close()
         return self.proc.returncode
+
+    def log_text(self) -> str:
+        """What the engine wrote to stderr so far."""
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
 
 
 ADDRESS_RE = re.compile(r"(?:^ADDRESS |tcp://)(\[[^\]]+\]:\d+|[^\s/:]+:\d+)")
 
 
-def start_engine(args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None,
-                 timeout: float = 60.0) -> EngineProc:  # fmt: skip
+def start_engine(
+    args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60.0
+) -> EngineProc:
     """Start ``python <args>`` and wait for a stdout line with ``ADDRESS host:port`` or
     ``tcp://host:port`` (``args`` may start with ``-m module``)."""
     e = dict(os.environ)
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
     e.update(env or {})
+    # stderr goes to a file, never an unread pipe: a full pipe would block the engine.
+    log = tempfile.NamedTemporaryFile("w+", prefix="engine-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=str(cwd or ROOT), env=e,
-    )  # fmt: skip
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        cwd=str(cwd or ROOT),
+        env=e,
+    )
     assert proc.stdout is not None
     import selectors
     import time
@@ -61,15 +77,28 @@ def start_engine(args: list[str], cwd: Path | None = None, env: dict[str, str] |
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            err = proc.stderr.read() if proc.stderr else ""
+            log.seek(0)
+            err = log.read()
             raise RuntimeError(f"engine exited early ({proc.returncode}): {err[-2000:]}")
         if sel.select(0.2):
             line = proc.stdout.readline()
             m = ADDRESS_RE.search(line)
             if m:
-                return EngineProc(proc, m.group(1))
+                return EngineProc(proc, m.group(1), log.name)
     proc.kill()
     raise RuntimeError("engine did not print its address in time")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Calibrations made by the tests (probes run a quick one) stay out of ~/.cache."""
+    old = os.environ.get("RLTPERF_CACHE")
+    os.environ["RLTPERF_CACHE"] = str(tmp_path_factory.mktemp("rltperf-cache"))
+    yield
+    if old is None:
+        os.environ.pop("RLTPERF_CACHE", None)
+    else:
+        os.environ["RLTPERF_CACHE"] = old
 
 
 @pytest.fixture

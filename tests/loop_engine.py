@@ -42,12 +42,18 @@ def main() -> int:
     w = torch.randn(args.dim, args.dim) / args.dim**0.5
     probe = Probe(
         args.listen,
-        {"name": "test-loop", "model": f"mlp-{args.dim}", "dtype": "float32", "device": "cpu",
-         "random_weights": True, "workload": "fixed loop"},
+        {
+            "name": "test-loop",
+            "model": f"mlp-{args.dim}",
+            "dtype": "float32",
+            "device": "cpu",
+            "random_weights": True,
+            "workload": "fixed loop",
+        },
         snapshot_root=args.snapshots,
         token=args.token,
         warm_profiler=not args.no_warm,
-    )  # fmt: skip
+    )
     print(f"ADDRESS {probe.address}", flush=True)
     stop = False
 
@@ -59,11 +65,13 @@ def main() -> int:
     signal.signal(signal.SIGINT, _stop)
     durations: list[int] = []
     busy: list[int] = []
+    ids: list[int] = []
     wbytes = args.dim * args.dim * 4
     t_end = time.monotonic() + args.duration
     period = 1.0 / args.rate if args.rate > 0 else 0.0
     next_t = time.monotonic()
     while not stop and time.monotonic() < t_end:
+        ids.append(probe.steps_total)  # the id the probe gives this step
         t0 = clk()
         with probe.step("decode", 16, 16) as st:
             st.mark("schedule")
@@ -93,7 +101,7 @@ def main() -> int:
     probe.close()
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"durations_ns": durations, "busy_ns": busy}, f)
+            json.dump({"step_ids": ids, "durations_ns": durations, "busy_ns": busy}, f)
     return 0
 
 

@@ -50,6 +50,17 @@ def _os_error_text(exc: OSError, what: str) -> str:
     return f"cannot write {what}: {exc}"
 
 
+def _no_trace_errno(folder: str) -> int:
+    """ENOSPC when the file system holding ``folder`` is (nearly) full, else EIO."""
+    try:
+        st = os.statvfs(folder)
+        if st.f_bavail * st.f_frsize < 1 << 20:
+            return errno.ENOSPC
+    except OSError:
+        pass
+    return errno.EIO
+
+
 def bundle_name(engine: str, mode: str, steps: int, label: str, when: float | None = None) -> str:
     """``<UTC time>_<engine>_<mode>_<N>steps[_<label>]``, safe for a folder name."""
     ts = datetime.fromtimestamp(when or time.time(), tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -131,8 +142,14 @@ def write_bundle(probe: Probe, job: CaptureJob, post: Callable[[Any], None]) -> 
         files["ops.txt"] = "operator table"
         raw = os.path.join(tmp, "trace.json")
         job.prof.export_chrome_trace(raw)
+        if not os.path.exists(raw):
+            # Kineto reports a failed write on its own log and returns normally.
+            raise OSError(_no_trace_errno(tmp), "the profiler wrote no trace file", raw)
         events, steps_found = _count_trace(raw)
-        with open(raw, "rb") as src, gzip.open(os.path.join(tmp, "trace.json.gz"), "wb", compresslevel=3) as dst:
+        with (
+            open(raw, "rb") as src,
+            gzip.open(os.path.join(tmp, "trace.json.gz"), "wb", compresslevel=3) as dst,
+        ):
             shutil.copyfileobj(src, dst, 1 << 20)
         os.unlink(raw)
         trace_bytes = os.path.getsize(os.path.join(tmp, "trace.json.gz"))
@@ -141,10 +158,9 @@ def write_bundle(probe: Probe, job: CaptureJob, post: Callable[[Any], None]) -> 
         job.error = _os_error_text(exc, "the trace")
     except Exception as exc:
         job.error = f"trace export failed: {type(exc).__name__}: {exc}"
-    raw = os.path.join(tmp, "trace.json")
-    if os.path.exists(raw):  # a failed export leaves a partial file: keep nothing half-done
+    for leftover in ("trace.json", "trace.json.tmp"):  # a failed export leaves partial files
         try:
-            os.unlink(raw)
+            os.unlink(os.path.join(tmp, leftover))
         except OSError:
             pass
 

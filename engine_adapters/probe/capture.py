@@ -131,7 +131,9 @@ class CaptureController:
         if self.torch_error:
             return Refused(reason=self.torch_error, capture_id=cap.capture_id)
         if cap.mode not in MODES:
-            return Refused(reason=f"unknown capture mode {cap.mode!r}: use 'ops' or 'full'", capture_id=cap.capture_id)
+            return Refused(
+                reason=f"unknown capture mode {cap.mode!r}: use 'ops' or 'full'", capture_id=cap.capture_id
+            )
         if not 1 <= cap.steps <= MAX_CAPTURE_STEPS:
             return Refused(
                 reason=f"capture length {cap.steps} out of range: 1 to {MAX_CAPTURE_STEPS} steps",
@@ -347,10 +349,7 @@ class CaptureController:
 
     def exporting_overlap(self, start_ns: int, end_ns: int) -> bool:
         """True when [start, end] overlaps an export (for ``FLAG_EXPORTING``)."""
-        for s, e in self.export_windows:
-            if end_ns >= s and (e is None or start_ns <= e):
-                return True
-        return False
+        return any(end_ns >= s and (e is None or start_ns <= e) for s, e in self.export_windows)
 
     def close(self, timeout: float = 10.0) -> None:
         """Engine stopping: end a window in progress, wait for a running export."""

@@ -159,9 +159,7 @@ def build_contract(info: EngineInfo, cwd: str | None = None) -> dict[str, Any]:
     gpus = env.get("gpus")
     c["devices"] = ", ".join(gpus) if gpus else f"CPU: {env['cpu']}"
     c["driver"] = (
-        f"NVIDIA {env['driver']}"
-        if env.get("driver")
-        else unknown("no NVIDIA driver on this host (CPU run)")
+        f"NVIDIA {env['driver']}" if env.get("driver") else unknown("no NVIDIA driver on this host (CPU run)")
     )
     c["runtime"] = (
         f"CUDA {env['cuda_runtime']}" if env.get("cuda_runtime") else f"CPU (torch {env.get('torch')})"

@@ -283,7 +283,14 @@ class Probe:
         if sample_devices:
             from engine_adapters.devices import SamplerThread
 
-            self._sampler = SamplerThread(self._publisher.post_device_sample, pid=os.getpid())
+            info = self.engine_info
+            self._sampler = SamplerThread(
+                self._publisher.post_device_sample,
+                pid=os.getpid(),
+                devices=[info.device],
+                dtype=info.dtype,
+                prepare_ceiling=True,
+            )
             self._sampler.start()
         self._prometheus = None
         if prometheus_port is not None:

@@ -53,6 +53,9 @@ TICK_S = 0.05
 MAX_CLIENT_FRAME = 64 * 1024
 """Clients only send small control frames."""
 MAX_SUBSCRIBERS = 64
+"""Subscribers (after their hello) served at once."""
+MAX_PENDING = 256
+"""Connections waiting for their hello; beyond this the oldest is dropped."""
 HELLO_TIMEOUT_S = 5.0
 STATS_EVERY_S = 1.0
 DATA_QUEUE_RECORDS = 4096
@@ -60,6 +63,8 @@ DATA_QUEUE_RECORDS = 4096
 DATA_QUEUE_BYTES = 2 * 1024 * 1024
 SNDBUF = 256 * 1024
 """Kernel send buffer per subscriber: small, so a stalled reader shows as drops soon."""
+LOG_BURST = 10
+"""Warnings about bad connections per minute before they are only counted."""
 HISTORY = 4096
 """Step records the publisher keeps for bundles' ``steps.jsonl`` and live stats."""
 PENDING_EVENTS_MAX_S = 2.0
@@ -120,7 +125,7 @@ class Publisher(threading.Thread):
         self.token = token
         try:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            self._lsock = socket.create_server((host, port), family=family, backlog=32)
+            self._lsock = socket.create_server((host, port), family=family, backlog=128)
         except OSError as exc:
             hint = (
                 " (another engine or probe is there; use --listen HOST:0 for any free port)"
@@ -153,6 +158,9 @@ class Publisher(threading.Thread):
         self._hello_cache: bytes | None = None
         self.last_device_sample: DeviceSample | None = None
         self._export_windows = False
+        self._log_window_start = time.monotonic()
+        self._log_count = 0
+        self._log_suppressed = 0
         self._observers: list[Any] = []  # callables(list[Record]) e.g. the Prometheus exporter
 
     # -- inputs from other threads ---------------------------------------------------------
@@ -307,10 +315,18 @@ class Publisher(threading.Thread):
         events: list[Any] = []
         if not extras:
             return (
-                StepRecord(step_id=sid, start_ns=start, end_ns=end, kind=sl.kind, stage_ns=stage,
-                           batch=sl.batch, tokens=sl.tokens, flags=flags),
+                StepRecord(
+                    step_id=sid,
+                    start_ns=start,
+                    end_ns=end,
+                    kind=sl.kind,
+                    stage_ns=stage,
+                    batch=sl.batch,
+                    tokens=sl.tokens,
+                    flags=flags,
+                ),
                 events,
-            )  # fmt: skip
+            )
         fields: dict[str, Any] = {}
         for key, val in extras.items():
             if key in _STEP_FIELDS:
@@ -323,12 +339,29 @@ class Publisher(threading.Thread):
         if "flags" in fields:
             flags |= int(fields.pop("flags"))
         try:
-            rec = StepRecord(step_id=sid, start_ns=start, end_ns=end, kind=sl.kind, stage_ns=stage,
-                             batch=sl.batch, tokens=sl.tokens, flags=flags, **fields)  # fmt: skip
+            rec = StepRecord(
+                step_id=sid,
+                start_ns=start,
+                end_ns=end,
+                kind=sl.kind,
+                stage_ns=stage,
+                batch=sl.batch,
+                tokens=sl.tokens,
+                flags=flags,
+                **fields,
+            )
         except TypeError as exc:
             log.warning("probe: bad step facts %s: %s", sorted(fields), exc)
-            rec = StepRecord(step_id=sid, start_ns=start, end_ns=end, kind=sl.kind, stage_ns=stage,
-                             batch=sl.batch, tokens=sl.tokens, flags=flags)  # fmt: skip
+            rec = StepRecord(
+                step_id=sid,
+                start_ns=start,
+                end_ns=end,
+                kind=sl.kind,
+                stage_ns=stage,
+                batch=sl.batch,
+                tokens=sl.tokens,
+                flags=flags,
+            )
         return rec, events
 
     def _resolve_pending(self) -> list[StepRecord]:
@@ -356,19 +389,20 @@ class Publisher(threading.Thread):
     # -- sockets -------------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        try:
-            sock, addr = self._lsock.accept()
-        except OSError:
-            return
-        peer = f"{addr[0]}:{addr[1]}"
-        if len(self._subs) >= MAX_SUBSCRIBERS:
-            log.warning("refusing %s: %d subscribers already", peer, MAX_SUBSCRIBERS)
+        # Drain the accept queue: under GIL pressure this thread may run only every few
+        # milliseconds, and one accept per turn would let a burst of connects overflow it.
+        for _ in range(256):
             try:
-                sock.sendall(encode(Refused(reason=f"too many subscribers ({MAX_SUBSCRIBERS})")))
+                sock, addr = self._lsock.accept()
             except OSError:
-                pass
-            sock.close()
-            return
+                return
+            self._accept_one(sock, addr)
+
+    def _accept_one(self, sock: socket.socket, addr: Any) -> None:
+        peer = f"{addr[0]}:{addr[1]}"
+        pending = [x for x in self._subs if not x.authed]
+        if len(pending) >= MAX_PENDING:  # a connect flood: drop the oldest un-greeted one
+            self._close_sub(pending[0], "too many connections without a hello", level=logging.DEBUG)
         sock.setblocking(False)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
@@ -412,7 +446,12 @@ class Publisher(threading.Thread):
                 )
                 return False
             if self.token is not None and not _same(rec.token, self.token):
-                self._refuse_and_close(sub, "wrong or missing token (the probe requires --token / RLTPERF_TOKEN)")
+                self._refuse_and_close(
+                    sub, "wrong or missing token (the probe requires --token / RLTPERF_TOKEN)"
+                )
+                return False
+            if sum(1 for x in self._subs if x.authed) >= MAX_SUBSCRIBERS:
+                self._refuse_and_close(sub, f"too many subscribers ({MAX_SUBSCRIBERS})")
                 return False
             sub.authed = True
             sub.token = rec.token
@@ -421,7 +460,11 @@ class Publisher(threading.Thread):
             return True
         if isinstance(rec, Capture):
             if self.token is not None and not _same(rec.token, self.token):
-                sub.ctrl.append(encode(Refused(reason="capture refused: wrong or missing token", capture_id=rec.capture_id)))
+                sub.ctrl.append(
+                    encode(
+                        Refused(reason="capture refused: wrong or missing token", capture_id=rec.capture_id)
+                    )
+                )
                 return True
             refused = self.probe._capture_ctl.request(rec, self._live_stats())
             if refused is not None:
@@ -457,7 +500,7 @@ class Publisher(threading.Thread):
         return self._hello_cache
 
     def _refuse_and_close(self, sub: _Subscriber, reason: str) -> None:
-        log.warning("refusing %s: %s", sub.addr, reason)
+        self._log_limited("refusing %s: %s", sub.addr, reason)
         sub.ctrl.append(encode(Refused(reason=reason)))
         sub.closing = True
         sub.hello_deadline = time.monotonic() + 1.0  # flush the refusal, then close
@@ -487,7 +530,9 @@ class Publisher(threading.Thread):
         sub.data.append((blob, n))
         sub.data_bytes += len(blob)
         sub.data_records += n
-        while len(sub.data) > 1 and (sub.data_records > DATA_QUEUE_RECORDS or sub.data_bytes > DATA_QUEUE_BYTES):
+        while len(sub.data) > 1 and (
+            sub.data_records > DATA_QUEUE_RECORDS or sub.data_bytes > DATA_QUEUE_BYTES
+        ):
             old, c = sub.data.popleft()
             sub.data_bytes -= len(old)
             sub.data_records -= c
@@ -533,7 +578,10 @@ class Publisher(threading.Thread):
     def _close_sub(self, sub: _Subscriber, reason: str, level: int = logging.WARNING) -> None:
         if sub not in self._subs:
             return
-        log.log(level, "closing connection from %s: %s", sub.addr, reason)
+        if level >= logging.WARNING:
+            self._log_limited("closing connection from %s: %s", sub.addr, reason)
+        else:
+            log.log(level, "closing connection from %s: %s", sub.addr, reason)
         self._subs.remove(sub)
         try:
             self._sel.unregister(sub.sock)
@@ -543,6 +591,24 @@ class Publisher(threading.Thread):
             sub.sock.close()
         except OSError:
             pass
+
+    def _log_limited(self, fmt: str, *args: Any) -> None:
+        """Warn at most LOG_BURST times a minute: a flood of bad connections must not
+        flood the engine's log (or block on a full stderr pipe)."""
+        now = time.monotonic()
+        if now - self._log_window_start > 60:
+            if self._log_suppressed:
+                log.warning(
+                    "%d more connections were closed for bad input in the last minute", self._log_suppressed
+                )
+            self._log_window_start = now
+            self._log_count = 0
+            self._log_suppressed = 0
+        if self._log_count < LOG_BURST:
+            self._log_count += 1
+            log.warning(fmt, *args)
+        else:
+            self._log_suppressed += 1
 
     def _live_stats(self) -> dict[str, Any]:
         """Figures at the moment a capture is requested (for ``meta.json``)."""

@@ -10,14 +10,16 @@ from engine_adapters.records import Ceiling
 from rltperf_tui.aggregator import TargetStats
 
 
-def load_recording(path: str | os.PathLike[str], peak_gbps: float | None = None,
-                   peak_gflops: float | None = None) -> tuple[TargetStats, dict[str, Any], str | None]:  # fmt: skip
+def load_recording(
+    path: str | os.PathLike[str], peak_gbps: float | None = None, peak_gflops: float | None = None
+) -> tuple[TargetStats, dict[str, Any], str | None]:
     """A growing ``TargetStats`` holding every record of the file, its header, and a
     warning (cut-off or damaged tail) or None."""
     stats = TargetStats(capacity=8192, grow=True)
     if peak_gbps is not None or peak_gflops is not None:
-        stats.peak_override = Ceiling(device="(command line)", peak_bw_gbps=peak_gbps, peak_gflops=peak_gflops,
-                                      source="command line")  # fmt: skip
+        stats.peak_override = Ceiling(
+            device="(command line)", peak_bw_gbps=peak_gbps, peak_gflops=peak_gflops, source="command line"
+        )
     with RecordingReader(path) as reader:
         for chunk in reader.chunks():
             stats.add(chunk)
@@ -36,10 +38,15 @@ def summarize(
     out["dropped"] = stats.dropped
     ceiling = stats.ceiling
     out["peak"] = (
-        {"bw_gbps": ceiling.peak_bw_gbps, "gflops": ceiling.peak_gflops, "source": ceiling.source,
-         "device": ceiling.device}
-        if ceiling else None
-    )  # fmt: skip
+        {
+            "bw_gbps": ceiling.peak_bw_gbps,
+            "gflops": ceiling.peak_gflops,
+            "source": ceiling.source,
+            "device": ceiling.device,
+        }
+        if ceiling
+        else None
+    )
     out["achieved_gbps"] = w.achieved_gbps
     out["verdict"] = w.verdict
     out["steps_per_s"] = w.steps_per_s

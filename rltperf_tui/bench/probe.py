@@ -219,13 +219,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_text(r: dict[str, Any]) -> None:
     m, w = r["probe_ns_per_step"], r["with_form_ns_per_step"]
-    print(f"probe cost per four-stage step (engine thread, {r['steps_timed']} steps, timer overhead "
-          f"{r['timer_overhead_ns']:.0f} ns removed):")  # fmt: skip
+    print(
+        f"probe cost per four-stage step (engine thread, {r['steps_timed']} steps, timer overhead "
+        f"{r['timer_overhead_ns']:.0f} ns removed):"
+    )
     print(f"  step.mark() form   p50 {m['p50']:7.0f} ns   p99 {m['p99']:7.0f} ns   (target p50 <= 2000)")
     print(f"  with stage() form  p50 {w['p50']:7.0f} ns   p99 {w['p99']:7.0f} ns")
     print(
         f"torch loop steps/s, probe + live subscriber vs probe off ({r['rounds']} interleaved rounds of {r['round_s']} s):"
     )
-    print(f"  on {r['steps_per_s_on']:.0f}/s  off {r['steps_per_s_off']:.0f}/s  ratio {r['steps_per_s_ratio']:.4f} "
-          f"(target >= 0.99); subscriber received {r['subscriber_records']} records")  # fmt: skip
+    print(
+        f"  on {r['steps_per_s_on']:.0f}/s  off {r['steps_per_s_off']:.0f}/s  ratio {r['steps_per_s_ratio']:.4f} "
+        f"(target >= 0.99); subscriber received {r['subscriber_records']} records"
+    )
     print("OK" if r["ok"] else "TARGET MISSED")

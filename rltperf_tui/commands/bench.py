@@ -36,8 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             if exc.name == modname:
                 continue
             raise
-        bp = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
-                            formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+        bp = sub.add_parser(
+            name,
+            help=mod.HELP,
+            description=getattr(mod, "DESCRIPTION", mod.HELP),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         bp.add_argument("--json", action="store_true", help="print the figures as JSON")
         mod.add_arguments(bp)
         bp.set_defaults(_bench=mod)

@@ -70,11 +70,20 @@ def run(args: argparse.Namespace) -> int:
                 elif isinstance(r, CaptureDone):
                     prog.done()
                     if args.json:
-                        print(json.dumps({
-                            "bundle": r.bundle, "steps_requested": r.steps_requested,
-                            "steps_captured": r.steps_captured, "trace_bytes": r.trace_bytes,
-                            "events": r.events, "export_s": r.export_s, "mode": r.mode,
-                        }, indent=2))  # fmt: skip
+                        print(
+                            json.dumps(
+                                {
+                                    "bundle": r.bundle,
+                                    "steps_requested": r.steps_requested,
+                                    "steps_captured": r.steps_captured,
+                                    "trace_bytes": r.trace_bytes,
+                                    "events": r.events,
+                                    "export_s": r.export_s,
+                                    "mode": r.mode,
+                                },
+                                indent=2,
+                            )
+                        )
                     else:
                         print(r.bundle)
                         print(
@@ -85,10 +94,11 @@ def run(args: argparse.Namespace) -> int:
                     return 0
                 elif isinstance(r, (CaptureFailed, Refused)):
                     prog.done()
-                    where = f" (error kept in {r.bundle}/meta.json)" if getattr(r, "bundle", None) else ""
+                    kept = getattr(r, "bundle", None)
+                    where = f" (error kept in {kept}/meta.json)" if kept else ""
                     print(f"rltperf capture: failed: {r.reason}{where}", file=sys.stderr)
                     if args.json:
-                        print(json.dumps({"error": r.reason, "bundle": getattr(r, "bundle", None)}))
+                        print(json.dumps({"error": r.reason, "bundle": kept}))
                     return 1
                 elif isinstance(r, SessionEvent) and r.state in ("ended", "reconnecting"):
                     prog.done()

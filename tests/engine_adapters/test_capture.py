@@ -1,0 +1,205 @@
+"""Bounded captures through a real probe socket into real bundles.
+
+One loop engine (a torch loop with the probe, in a subprocess) serves the module; the
+captures go through the `rltperf capture` command exactly as a user runs it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine_adapters.probe.contract import CONTRACT_FIELDS
+from engine_adapters.records import CaptureDone, CaptureFailed, Refused, StepRecord
+from engine_adapters.tcp import ProbeAdapter
+from tests.conftest import LOOP_ENGINE, ROOT, start_engine
+
+
+def rltperf(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "rltperf_tui.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    snaps = tmp_path_factory.mktemp("snaps")
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "300", "--snapshots", str(snaps)])
+    eng.snapshots = snaps  # type: ignore[attr-defined]
+    yield eng
+    eng.stop()
+
+
+def _trace_events(bundle: Path) -> list[dict]:
+    with gzip.open(bundle / "trace.json.gz", "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+@pytest.mark.parametrize("mode", ["full", "ops"])
+def test_capture_bundle_has_exactly_n_steps(engine, mode):
+    out = rltperf("capture", engine.target, "--steps", "5", "--mode", mode, "--label", f"t-{mode}", "--json")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    bundle = Path(res["bundle"])
+    assert bundle.parent == engine.snapshots and bundle.is_dir()
+    assert sorted(p.name for p in bundle.iterdir()) == [
+        "meta.json",
+        "ops.txt",
+        "steps.jsonl",
+        "trace.json.gz",
+    ]
+    events = _trace_events(bundle)
+    spans = [e for e in events if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#")]
+    assert len(spans) == 5
+    meta = json.loads((bundle / "meta.json").read_text())
+    cap = meta["capture"]
+    assert cap["steps_requested"] == 5 and cap["steps_captured"] == 5 and len(cap["step_ids"]) == 5
+    full = mode == "full"
+    assert (cap["record_shapes"], cap["profile_memory"], cap["with_stack"]) == (full, full, full)
+    assert cap["trace_bytes"] == (bundle / "trace.json.gz").stat().st_size == res["trace_bytes"]
+    assert cap["events"] == len(events) == res["events"]
+    assert cap["error"] is None and cap["cold"] is False
+    assert meta["profiled"] is True and meta["contract"]["profiled"] is True
+    # every contract field is present, with a value or "unknown: <why>"
+    for key in CONTRACT_FIELDS:
+        v = meta["contract"][key]
+        assert v is not None and v != "", key
+    assert meta["contract"]["random_weights"] is True
+    # the window's steps are in steps.jsonl, flagged profiled, with their ids
+    rows = [json.loads(line) for line in (bundle / "steps.jsonl").read_text().splitlines()]
+    captured = [r for r in rows if r["window"] == "captured"]
+    assert [r["step_id"] for r in captured] == cap["step_ids"]
+    assert all(r["flags"] & 2 for r in captured)
+    assert any(r["window"] == "before" for r in rows)
+    warm = [r for r in rows if r["window"] == "profiler_warmup"]
+    assert len(warm) == 1 and warm[0]["flags"] & 8 and warm[0]["step_id"] == cap["step_ids"][0] - 1
+    # stage ranges emitted by the probe are in the trace, once per captured step
+    stage_fwd = [e for e in events if e.get("name") == "stage:forward" and e.get("ph") == "X"]
+    assert len(stage_fwd) >= 5
+    if full:  # shapes and stacks really recorded
+        assert any(e.get("args", {}).get("Input Dims") for e in events)
+        assert "Input Shapes" in (bundle / "ops.txt").read_text()
+
+
+def test_steps_overlapping_the_export_are_flagged(engine):
+    out = rltperf("capture", engine.target, "--steps", "30", "--mode", "full", "--json")
+    assert out.returncode == 0, out.stderr
+    bundle = Path(json.loads(out.stdout)["bundle"])
+    meta = json.loads((bundle / "meta.json").read_text())
+    rows = [json.loads(line) for line in (bundle / "steps.jsonl").read_text().splitlines()]
+    after = [r for r in rows if r["window"] == "after"]
+    t0, t1 = (
+        meta["capture"]["window_end_ns"],
+        meta["capture"]["window_end_ns"] + meta["capture"]["export_s"] * 1e9,
+    )
+    overlapping = [r for r in after if r["end_ns"] >= t0 and r["start_ns"] <= t1]
+    assert overlapping, "the loop steps every ~0.2 ms, an export takes longer"
+    assert all(r["flags"] & 4 for r in overlapping)
+    assert not any(r["flags"] & 4 for r in rows if r["window"] in ("before", "captured"))
+
+
+def test_unwarmed_profiler_flags_the_capture_cold(tmp_path):
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--snapshots", str(tmp_path), "--no-warm"])
+    try:
+        out = rltperf("capture", eng.target, "--steps", "3", "--mode", "ops", "--json")
+        assert out.returncode == 0, out.stderr
+        meta = json.loads((Path(json.loads(out.stdout)["bundle"]) / "meta.json").read_text())
+        assert meta["capture"]["cold"] is True and meta["capture"]["steps_captured"] == 3
+    finally:
+        eng.stop()
+
+
+def test_second_capture_while_one_runs_is_refused(engine):
+    s = ProbeAdapter(engine.target, reconnect=False).connect()
+    try:
+        s.request_capture(200, "ops")
+        time.sleep(0.05)
+        cid2 = s.request_capture(5, "ops")
+        deadline = time.monotonic() + 60
+        refusal = None
+        done = None
+        while time.monotonic() < deadline and done is None:
+            for r in s.read(0.2):
+                if isinstance(r, Refused) and r.capture_id == cid2:
+                    refusal = r
+                if isinstance(r, (CaptureDone, CaptureFailed)):
+                    done = r
+        assert refusal is not None and "already running" in refusal.reason
+        assert isinstance(done, CaptureDone) and done.steps_captured == 200
+    finally:
+        s.close()
+
+
+def test_bad_capture_requests_get_clear_errors(engine):
+    out = rltperf("capture", engine.target, "--steps", "100000", "--mode", "ops")
+    assert out.returncode == 1 and "out of range" in out.stderr
+    out = rltperf("capture", "tcp://127.0.0.1:1", "--steps", "5")
+    assert out.returncode == 1 and "connection refused" in out.stderr and "Traceback" not in out.stderr
+
+
+def _ro_mount(path: Path, size: str | None = None) -> bool:
+    """A read-only (or tiny, with ``size``) tmpfs at ``path``; False when not possible."""
+    opts = f"size={size}" if size else "ro,size=64k"
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        return False
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
+
+
+def _engine_keeps_stepping(target: str) -> int:
+    s = ProbeAdapter(target, reconnect=False).connect()
+    try:
+        n = 0
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.0:
+            n += sum(isinstance(r, StepRecord) for r in s.read(0.1))
+        return n
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("kind", ["read-only", "full-disk"])
+def test_capture_into_unwritable_root_fails_clearly_and_engine_runs(tmp_path, kind):
+    root = tmp_path / "snaps"
+    root.mkdir()
+    if os.geteuid() != 0 and kind == "read-only":
+        root.chmod(0o555)
+        mounted = False
+    else:
+        mounted = _ro_mount(root, None if kind == "read-only" else "48k")
+        if not mounted:
+            pytest.skip("cannot make a read-only / tiny file system here (needs root and mount)")
+    try:
+        eng = start_engine([str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(root), "--dim", "512"])
+        try:
+            out = rltperf("capture", eng.target, "--steps", "20", "--mode", "full")
+            assert out.returncode == 1
+            if kind == "read-only":
+                assert "Read-only file system" in out.stderr or "Permission denied" in out.stderr
+            else:
+                assert "disk full" in out.stderr
+            assert "Traceback" not in out.stderr
+            assert eng.proc.poll() is None
+            assert _engine_keeps_stepping(eng.target) > 50
+        finally:
+            eng.stop()
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(root)], capture_output=True)

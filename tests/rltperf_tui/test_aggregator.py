@@ -1,0 +1,180 @@
+"""The aggregator against numbers computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engine_adapters.records import (
+    SCHEMA_VERSION,
+    Ceiling,
+    EngineInfo,
+    Hello,
+    RequestRecord,
+    Stats,
+    StepRecord,
+)
+from rltperf_tui.aggregator import TargetStats
+
+MS = 1_000_000
+
+
+def _hello(peak_bw=None, peak_fl=None, max_loops=4):
+    ceiling = (
+        Ceiling(device="d", peak_bw_gbps=peak_bw, peak_gflops=peak_fl, source="spec table")
+        if peak_bw
+        else None
+    )
+    return Hello(
+        schema=SCHEMA_VERSION,
+        engine=EngineInfo(name="e", max_loops=max_loops),
+        stage_names=["schedule", "forward", "sample"],
+        ceiling=ceiling,
+    )
+
+
+def _steps(n, step_ms, gap_ms, busy_ms=None, nbytes=None, flops=None, start_id=0, t0=0):
+    out = []
+    t = t0
+    for i in range(n):
+        s, e = t, t + int(step_ms * MS)
+        out.append(
+            StepRecord(
+                step_id=start_id + i,
+                start_ns=s,
+                end_ns=e,
+                stage_ns=[MS, int((step_ms - 1.5) * MS), MS // 2],
+                busy_ns=int(busy_ms * MS) if busy_ms is not None else None,
+                bytes_read=nbytes,
+                flops=flops,
+                out_tokens=4,
+                exit_hist=[1, 0, 2, 1],
+            )
+        )
+        t = e + int(gap_ms * MS)
+    return out
+
+
+def test_step_gap_idle_mbu_by_hand():
+    a = TargetStats()
+    # 100 steps of 8 ms with 2 ms gaps; 6 ms busy each; 1.2 GB read per step; peak 200 GB/s.
+    a.add(
+        [
+            _hello(peak_bw=200.0, peak_fl=1000.0),
+            *_steps(100, 8, 2, busy_ms=6, nbytes=1200000000, flops=2400000000.0),
+        ]
+    )
+    w = a.window(None)
+    assert w.steps == 100
+    assert w.step_ms["p50"] == pytest.approx(8.0)
+    assert w.gap_ms["p99"] == pytest.approx(2.0)
+    span = (99 * 10 + 8) / 1000  # first start to last end, seconds
+    assert w.span_s == pytest.approx(span)
+    assert w.idle_fraction == pytest.approx(1 - 100 * 0.006 / span)
+    assert w.achieved_gbps == pytest.approx(100 * 1.2 / span)
+    assert w.mbu == pytest.approx(100 * 1.2e9 / (span * 200e9))
+    assert w.intensity == pytest.approx(2.0) and w.balance == pytest.approx(5.0)
+    assert w.verdict == "memory-bound"
+    assert w.ceiling_ms_p50 == pytest.approx(1.2e9 / 200e9 * 1e3)  # 6 ms: bytes dominate
+    assert w.tokens_per_s == pytest.approx(400 / span)
+    assert w.stage_ms_mean["schedule"] == pytest.approx(1.0) and w.stage_ms_mean["forward"] == pytest.approx(
+        6.5
+    )
+    assert w.exit_hist == [100, 0, 200, 100] and w.mean_exit_depth == pytest.approx((100 + 600 + 400) / 400)
+    assert not w.mbu_overcount
+
+
+def test_window_uses_data_time_and_excludes_old_steps():
+    a = TargetStats()
+    a.add([_hello(), *_steps(50, 1, 1), *_steps(10, 50, 0, start_id=50, t0=20000 * MS)])
+    w = a.window(1.0)  # the last second of data: only the 50 ms steps
+    assert w.steps == 10 and w.step_ms["p50"] == pytest.approx(50.0)
+    assert a.window(None).steps == 60
+
+
+def test_gaps_across_dropped_records_are_not_gaps():
+    a = TargetStats()
+    steps = _steps(10, 1, 1)
+    del steps[5]  # a dropped record leaves a 3 ms hole that is not an idle gap
+    a.add([_hello(), *steps])
+    w = a.window(None)
+    assert w.gap_ms["p99"] == pytest.approx(1.0)
+    assert a.id_gaps == 1 and a.dropped == 1
+
+
+def test_latency_percentiles_and_goodput():
+    a = TargetStats()
+    reqs = []
+    for i in range(100):
+        arrival = i * 10 * MS
+        ttft = (i + 1) * MS  # 1..100 ms
+        out_tokens = 11
+        tpot = 2 * MS if i < 90 else 20 * MS
+        reqs.append(
+            RequestRecord(
+                req_id=str(i),
+                arrival_ns=arrival,
+                first_token_ns=arrival + ttft,
+                finish_ns=arrival + ttft + (out_tokens - 1) * tpot,
+                output_tokens=out_tokens,
+            )
+        )
+    reqs.append(RequestRecord(req_id="bad", arrival_ns=0, finish_ns=5 * MS, status="failed"))
+    a.add([_hello(), *_steps(200, 5, 0), *reqs])
+    w = a.window(None, slo_ttft_ms=50, slo_tpot_ms=5)
+    assert w.requests_ok == 100 and w.requests_failed == 1
+    assert w.ttft_ms["p50"] == pytest.approx(np.percentile(np.arange(1, 101), 50))
+    assert w.ttft_ms["p99"] == pytest.approx(np.percentile(np.arange(1, 101), 99))
+    assert w.tpot_ms["p50"] == pytest.approx(2.0) and w.tpot_ms["p99"] == pytest.approx(20.0)
+    assert w.goodput_rps == pytest.approx(50 / w.span_s)  # ttft <= 50 ms: i < 50, all with tpot 2 ms
+
+
+def test_mbu_over_one_is_flagged_and_unknowns_stay_none():
+    a = TargetStats()
+    a.add([_hello(peak_bw=1.0), *_steps(10, 1, 0, nbytes=10**9)])
+    assert a.window(None).mbu_overcount
+    b = TargetStats()
+    b.add([_hello(), *_steps(10, 1, 0)])
+    w = b.window(None)
+    assert w.idle_fraction is None and w.mbu is None and w.achieved_gbps is None and w.verdict == "unknown"
+    assert w.ttft_ms["p50"] is None
+
+
+def test_stats_drop_counts_and_ring_wraps():
+    a = TargetStats(capacity=64)
+    a.add([_hello(), *_steps(1000, 1, 0)])
+    a.add([Stats(ts_ns=2_000 * MS, ring_dropped=3, sub_dropped=4)])
+    assert len(a.steps) == 64 and a.window(None).steps == 64
+    ids = a.steps.last("step_id")
+    assert list(ids) == list(range(936, 1000))
+    assert a.dropped == 7
+
+
+def test_timeline_buckets_and_idle_gaps():
+    a = TargetStats()
+    steps = _steps(300, 4, 1)
+    # one long gap after step 200, whose forward stage grew by 30 ms
+    s = steps[200]
+    steps[200] = StepRecord(
+        step_id=s.step_id,
+        start_ns=s.start_ns,
+        end_ns=s.end_ns + 30 * MS,
+        stage_ns=[MS, int(2.5 * MS) + 30 * MS, MS // 2],
+    )
+    for i in range(201, 300):
+        r = steps[i]
+        steps[i] = StepRecord(
+            step_id=r.step_id, start_ns=r.start_ns + 80 * MS, end_ns=r.end_ns + 80 * MS, stage_ns=r.stage_ns
+        )
+    a.add([_hello(), *steps])
+    gaps = a.idle_gaps(seconds=60)
+    assert len(gaps) == 1
+    g = gaps[0]
+    assert g.after_step == 200 and g.length_ms == pytest.approx(51.0)
+    assert g.grown_stage == "forward" and g.grown_ms == pytest.approx(30.0)
+    tl = a.timeline(seconds=2.0, buckets=4)
+    assert sum(tl["steps"]) == a.window(2.0).steps
+    assert all(math.isnan(v) or 3.9 < v < 40 for v in tl["step_ms"])
+    assert set(tl["stage_ms"]) == {"schedule", "forward", "sample"}
