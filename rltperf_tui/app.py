@@ -76,6 +76,8 @@ class TargetSpec:
     """The adapter; None: built from ``target`` with ``adapter_for``."""
     note: str = ""
     """A line shown in the target's header (e.g. the demo engine's pid and log file)."""
+    waiting_text: str = ""
+    """Shown until the target first answers, instead of the connection error."""
 
 
 class TargetHandle:
@@ -410,6 +412,7 @@ class MonitorApp(App[int]):
             exporting_seen=h.exporting_seen,
             recording=h.recording_path,
             replay=h.replay_text(),
+            waiting_text=h.spec.waiting_text,
         )
 
     def _status(self) -> StatusInfo:

@@ -229,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         adapter=adapter,
         session=adapter.session(),
         note=f"demo: {what}, pid {child.pid}, log {log_path}; captures → {os.path.abspath(args.snapshots)}",
+        waiting_text="starting the engine (loading torch and warming the profiler takes a few seconds)",
     )
     try:
         app = MonitorApp([spec], **monitor_kwargs(args), wait=True, child_check=child.problem)

@@ -57,6 +57,9 @@ class PanelContext:
     """Path of the recording being written for this target, if any."""
     replay: str | None = None
     """Replay state text (speed, paused), for recordings."""
+    waiting_text: str = ""
+    """Shown instead of the connection error while the target has never answered
+    (the demo: "starting the engine")."""
 
 
 _WAITING: Row = (("waiting for data…", "$text-muted"),)

@@ -56,7 +56,8 @@ class StepTimeline(Panel):
             ln = Lines()
             ln.add("no steps in the last " + f"{ctx.timeline_s:g} s", "$text-muted")
             if st.state != "connected":
-                ln.add(f" (target {st.state})", "$text-muted")
+                shown = "waiting" if st.state == "reconnecting" and st.hello is None else st.state
+                ln.add(f" (target {shown})", "$text-muted")
             return ln
         no_color = self.app.no_color
         idx = {n: st.stage_names.index(n) for n in names}

@@ -63,7 +63,8 @@ class TargetHeader(Panel):
                 ln.add(" · workload ", "$text-muted").add(info.workload)
         ln.nl()
         # Headline figures: readable even when the panels below are scrolled away.
-        ln.add("step p50 ", "$text-muted").add(ms(w.step_ms["p50"]) + " ms", "bold")
+        p50 = w.step_ms["p50"]
+        ln.add("step p50 ", "$text-muted").add(ms(p50) + (" ms" if p50 is not None else ""), "bold")
         ln.add(" · idle ", "$text-muted").add(pct(w.idle_fraction), "bold")
         ln.add(" · MBU ", "$text-muted")
         if w.mbu is None:
@@ -80,7 +81,9 @@ class TargetHeader(Panel):
         if ctx.recording:
             ln.add("  ● REC ", "bold $error").add(ctx.recording, "$text-muted")
         detail = ""
-        if state != "connected" and st.state_detail:
+        if state == "waiting" and ctx.waiting_text:
+            detail = ctx.waiting_text
+        elif state != "connected" and st.state_detail:
             detail = st.state_detail
         if detail:
             ln.add(" · ", "$text-muted").add(detail, STATE_STYLE.get(state, ""))
