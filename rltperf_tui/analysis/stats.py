@@ -1,0 +1,437 @@
+"""Statistics for A/B evidence: bootstrap confidence intervals, multiple testing, drift.
+
+Step series are autocorrelated (a slow step is often followed by another: batch
+composition, cache state, a noisy neighbour taking the CPU for a second), so resampling
+single steps would make intervals far too narrow.  Step series use the *moving-block
+bootstrap* (Künsch 1989): resample contiguous blocks of ``L`` steps so the dependence
+survives inside each block.  ``L`` is the longer of (a) the lag where the
+autocorrelation dies out (Politis & White's rule, at least n^(1/3)) and (b) the steps
+in ``block_s`` seconds of the recording (default 0.5 s): on a shared machine the step
+time wanders on a scale of seconds, and that wander is exactly what a repeated run
+would see, so it belongs in the interval.  Requests are resampled the same way in
+finish order.  Ratio metrics (tokens/s, idle fraction, MBU) resample the same time
+blocks of steps and take the ratio of the sums, as their definitions do.
+
+A difference is *significant* only when (1) its bootstrap two-sided p-value survives the
+Holm correction over every metric compared in the same run (so comparing a dozen
+metrics does not manufacture a finding), and (2) its size reaches the smallest effect of
+interest (default 5 % of A, and for times at least 1 % of A's median step time):
+a real but negligible difference is reported as within noise, with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+DEFAULT_RESAMPLES = 1000
+DEFAULT_ALPHA = 0.05
+DEFAULT_MIN_EFFECT = 0.05
+DEFAULT_BLOCK_S = 0.5
+PCTS = (50, 95, 99)
+
+
+def block_length(n: int) -> int:
+    """Smallest block length for a series of ``n`` samples: ⌈n^(1/3)⌉, at most n/4."""
+    if n <= 4:
+        return 1
+    return max(1, min(math.ceil(n ** (1 / 3)), n // 4))
+
+
+def acf(x: np.ndarray, max_lag: int) -> np.ndarray:
+    """Sample autocorrelation at lags 0..max_lag (FFT)."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x - x.mean()
+    n = x.size
+    f = np.fft.rfft(x, 2 * n)
+    r = np.fft.irfft(f * np.conj(f))[: max_lag + 1]
+    return r / r[0] if r[0] > 0 else np.zeros(max_lag + 1)
+
+
+def auto_block_length(x: np.ndarray) -> int:
+    """Block length covering the series' dependence.
+
+    The lag ``m`` after which the autocorrelation stays insignificant for ``K``
+    consecutive lags (|rho| < 2·sqrt(log10(n)/n), K = max(5, sqrt(log10 n)): the rule of
+    Politis & White 2004); the block is ``2m``, at least ⌈n^(1/3)⌉ and at most n/3.
+    Slow drifts (a noisy neighbour for seconds) give long blocks and so honestly wide
+    intervals.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    n = x.size
+    lo = block_length(n)
+    if n < 16 or float(np.std(x)) == 0.0:
+        return lo
+    hi = max(lo, n // 3)
+    r = acf(x, hi)
+    thr = 2.0 * math.sqrt(math.log10(n) / n)
+    k = max(5, int(math.sqrt(math.log10(n))))
+    small = np.abs(r) < thr
+    m = hi
+    run = 0
+    for lag in range(1, hi + 1):
+        run = run + 1 if small[lag] else 0
+        if run >= k:
+            m = lag - k
+            break
+    return int(min(hi, max(lo, 2 * m)))
+
+
+def block_indices(n: int, block: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Moving-block bootstrap indices, shape (resamples, n)."""
+    block = max(1, min(block, n))
+    k = math.ceil(n / block)
+    starts = rng.integers(0, n - block + 1, size=(resamples, k))
+    idx = (starts[:, :, None] + np.arange(block)[None, None, :]).reshape(resamples, k * block)
+    return idx[:, :n]
+
+
+def _boot_stat(
+    x: np.ndarray,
+    stat: Callable[[np.ndarray], np.ndarray],
+    block: int,
+    resamples: int,
+    rng: np.random.Generator,
+    chunk_elems: int = 4_000_000,
+) -> np.ndarray:
+    """``stat`` (applied along axis 1) of ``resamples`` block-bootstrap resamples of ``x``."""
+    n = x.size
+    out = np.empty(resamples)
+    per = max(1, chunk_elems // max(n, 1))
+    done = 0
+    while done < resamples:
+        m = min(per, resamples - done)
+        idx = block_indices(n, block, m, rng)
+        out[done : done + m] = stat(x[idx])
+        done += m
+    return out
+
+
+def min_samples(q: float | None) -> int:
+    """Samples needed before a percentile is compared: 5 expected beyond it (P99: 500)."""
+    if q is None or q <= 50:
+        return 10
+    return math.ceil(5 / (1 - q / 100) - 1e-9)
+
+
+def percentile_stat(q: float) -> Callable[[np.ndarray], np.ndarray]:
+    """A vectorised ``q``-th percentile along axis 1 (linear interpolation)."""
+
+    def f(m: np.ndarray) -> np.ndarray:
+        return np.percentile(m, q, axis=1)
+
+    f.__name__ = f"p{q:g}"
+    return f
+
+
+@dataclass
+class Diff:
+    """One metric compared between A and B."""
+
+    metric: str
+    unit: str
+    a: float | None
+    b: float | None
+    n_a: int = 0
+    n_b: int = 0
+    diff: float | None = None
+    rel: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p: float | None = None
+    p_holm: float | None = None
+    significant: bool = False
+    verdict: str = "not tested"
+    reason: str = ""
+    block: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form (floats rounded)."""
+
+        def r(v: float | None, nd: int = 6) -> float | None:
+            return None if v is None or not math.isfinite(v) else round(v, nd)
+
+        d = {
+            "metric": self.metric,
+            "unit": self.unit,
+            "a": r(self.a),
+            "b": r(self.b),
+            "diff": r(self.diff),
+            "rel_diff": r(self.rel, 4),
+            "ci95": [r(self.ci_low), r(self.ci_high)],
+            "p": r(self.p, 5),
+            "p_holm": r(self.p_holm, 5),
+            "significant": self.significant,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "n_a": self.n_a,
+            "n_b": self.n_b,
+            "block": self.block,
+        }
+        d.update(self.extra)
+        return d
+
+
+def _p_two_sided(boot_diffs: np.ndarray, observed: float) -> float:
+    """Bootstrap p-value of "no difference": twice the share of resampled differences on
+    the far side of zero from the observed one (+1 smoothing), at most 1."""
+    n = boot_diffs.size
+    if observed >= 0:
+        k = int(np.count_nonzero(boot_diffs <= 0))
+    else:
+        k = int(np.count_nonzero(boot_diffs >= 0))
+    return min(1.0, 2 * (k + 1) / (n + 1))
+
+
+def compare_stat(
+    metric: str,
+    unit: str,
+    a: np.ndarray,
+    b: np.ndarray,
+    q: float | None,
+    rng: np.random.Generator,
+    resamples: int = DEFAULT_RESAMPLES,
+    block: bool = True,
+    min_block_a: int = 1,
+    min_block_b: int = 1,
+) -> Diff:
+    """Percentile ``q`` (or the mean when None) of ``a`` vs ``b`` with a bootstrap CI.
+
+    Block lengths come from ``auto_block_length`` but are at least ``min_block_a/b``
+    (the caller's time-based floor) and at most a third of the series.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    a = a[np.isfinite(a)]
+    b = b[np.isfinite(b)]
+    need = min_samples(q)
+    if a.size < need or b.size < need:
+        d = Diff(
+            metric,
+            unit,
+            float(np.percentile(a, q) if q is not None else a.mean()) if a.size else None,
+            float(np.percentile(b, q) if q is not None else b.mean()) if b.size else None,
+            n_a=int(a.size),
+            n_b=int(b.size),
+        )
+        d.verdict = "no data" if not (a.size and b.size) else "too few samples"
+        d.reason = (
+            f"{a.size} samples in A, {b.size} in B; "
+            f"{'P' + format(q, 'g') if q is not None else 'the mean'} needs at least {need}"
+        )
+        if d.a is not None and d.b is not None:
+            d.diff = d.b - d.a
+        return d
+    stat = percentile_stat(q) if q is not None else (lambda m: m.mean(axis=1))
+    va = float(np.percentile(a, q)) if q is not None else float(a.mean())
+    vb = float(np.percentile(b, q)) if q is not None else float(b.mean())
+    la = min(max(auto_block_length(a), min_block_a), max(1, a.size // 3)) if block else 1
+    lb = min(max(auto_block_length(b), min_block_b), max(1, b.size // 3)) if block else 1
+    ba = _boot_stat(a, stat, la, resamples, rng)
+    bb = _boot_stat(b, stat, lb, resamples, rng)
+    bd = bb - ba
+    obs = vb - va
+    lo, hi = (float(v) for v in np.percentile(bd, [2.5, 97.5]))
+    return Diff(
+        metric,
+        unit,
+        va,
+        vb,
+        n_a=int(a.size),
+        n_b=int(b.size),
+        diff=obs,
+        rel=(obs / abs(va)) if va else None,
+        ci_low=lo,
+        ci_high=hi,
+        p=_p_two_sided(bd, obs),
+        block=max(la, lb),
+    )
+
+
+@dataclass
+class BlockSums:
+    """Per-block sums of a step series, for ratio metrics (see module docstring)."""
+
+    span_s: np.ndarray
+    tokens: np.ndarray
+    busy_s: np.ndarray
+    busy_known: np.ndarray
+    nbytes: np.ndarray
+    bytes_known: np.ndarray
+
+
+def block_sums(
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    tokens: np.ndarray,
+    busy_ns: np.ndarray,
+    nbytes: np.ndarray,
+    block: int,
+) -> BlockSums:
+    """Cut a step series into contiguous blocks of ``block`` steps; each block's span runs
+    from its first step's start to the next block's first start (the last: to its end),
+    so the spans add up to the whole series' wall time."""
+    n = start_ns.size
+    cuts = list(range(0, n, block))
+    spans, tok, busy, bk, byt, byk = [], [], [], [], [], []
+    for i, c in enumerate(cuts):
+        e = cuts[i + 1] if i + 1 < len(cuts) else n
+        t1 = start_ns[e] if e < n else end_ns[n - 1]
+        spans.append((t1 - start_ns[c]) / 1e9)
+        tok.append(tokens[c:e].sum())
+        bsl = busy_ns[c:e]
+        kn = ~np.isnan(bsl)
+        busy.append(bsl[kn].sum() / 1e9)
+        bk.append(kn.any())
+        ysl = nbytes[c:e]
+        yk = ~np.isnan(ysl)
+        byt.append(ysl[yk].sum())
+        byk.append(yk.any())
+    return BlockSums(
+        np.array(spans),
+        np.array(tok, dtype=np.float64),
+        np.array(busy),
+        np.array(bk),
+        np.array(byt, dtype=np.float64),
+        np.array(byk),
+    )
+
+
+def ratio_metric(
+    bs: BlockSums, which: str, peak_bw_gbps: float | None = None
+) -> Callable[[np.ndarray], np.ndarray]:
+    """A function of block indices (resamples x blocks) → the ratio metric per resample."""
+
+    def f(idx: np.ndarray) -> np.ndarray:
+        span = bs.span_s[idx].sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            if which == "tokens_per_s":
+                return bs.tokens[idx].sum(axis=1) / span
+            if which == "idle_fraction":
+                return 1.0 - np.minimum(1.0, bs.busy_s[idx].sum(axis=1) / span)
+            if which == "mbu":
+                assert peak_bw_gbps
+                return bs.nbytes[idx].sum(axis=1) / (span * peak_bw_gbps * 1e9)
+        raise ValueError(which)
+
+    return f
+
+
+def compare_ratio(
+    metric: str,
+    unit: str,
+    a: BlockSums,
+    b: BlockSums,
+    which: str,
+    rng: np.random.Generator,
+    resamples: int = DEFAULT_RESAMPLES,
+    peak_bw_gbps: float | None = None,
+) -> Diff:
+    """A ratio metric of A vs B, bootstrapping the (time-sized) blocks of steps."""
+    fa = ratio_metric(a, which, peak_bw_gbps)
+    fb = ratio_metric(b, which, peak_bw_gbps)
+    na, nb = a.span_s.size, b.span_s.size
+    if na < 2 or nb < 2:
+        return Diff(
+            metric,
+            unit,
+            None,
+            None,
+            n_a=na,
+            n_b=nb,
+            verdict="too few samples",
+            reason=f"{na} blocks in A, {nb} in B",
+        )
+    va = float(fa(np.arange(na)[None, :])[0])
+    vb = float(fb(np.arange(nb)[None, :])[0])
+    ia = rng.integers(0, na, size=(resamples, na))
+    ib = rng.integers(0, nb, size=(resamples, nb))
+    bd = fb(ib) - fa(ia)
+    bd = bd[np.isfinite(bd)]
+    obs = vb - va
+    lo, hi = (float(v) for v in np.percentile(bd, [2.5, 97.5]))
+    return Diff(
+        metric,
+        unit,
+        va,
+        vb,
+        n_a=na,
+        n_b=nb,
+        diff=obs,
+        rel=(obs / abs(va)) if va else None,
+        ci_low=lo,
+        ci_high=hi,
+        p=_p_two_sided(bd, obs),
+    )
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (same order as given)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adj = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adj[i] = running
+    return adj
+
+
+def decide(
+    diffs: list[Diff],
+    alpha: float = DEFAULT_ALPHA,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    abs_floor: dict[str, float] | None = None,
+) -> None:
+    """Holm-correct the p-values of the tested diffs and set verdict/significant/reason.
+
+    ``abs_floor`` maps a unit (e.g. ``"ms"``) to the smallest absolute difference of
+    interest in that unit.
+    """
+    tested = [d for d in diffs if d.p is not None]
+    adj = holm([d.p for d in tested if d.p is not None])
+    for d, pa in zip(tested, adj, strict=True):
+        d.p_holm = pa
+        floor = (abs_floor or {}).get(d.unit, 0.0)
+        need = max(min_effect * abs(d.a) if d.a else 0.0, floor)
+        assert d.diff is not None
+        if pa >= alpha:
+            d.verdict = "within noise"
+            ci = f"[{d.ci_low:.4g}, {d.ci_high:.4g}]" if d.ci_low is not None else "?"
+            d.reason = f"95% CI {ci} {d.unit} includes 0 or p={pa:.3g} after Holm over {len(tested)} metrics"
+        elif abs(d.diff) < need:
+            d.verdict = "within noise"
+            d.reason = (
+                f"|diff| {abs(d.diff):.4g} {d.unit} is below the smallest effect of interest "
+                f"({need:.4g} {d.unit})"
+            )
+        else:
+            d.significant = True
+            d.verdict = "significant"
+            d.reason = f"p={pa:.3g} after Holm over {len(tested)} metrics, CI excludes 0, |diff| ≥ {need:.4g} {d.unit}"
+
+
+def segment_values(x: np.ndarray, q: float | None, k: int = 4) -> list[float] | None:
+    """The statistic over ``k`` consecutive segments of a series (fewer when a segment
+    would not hold one expected sample beyond the percentile); None when not even 2 fit.
+    Small segments make noisy segment values and so a wider spread: the check errs on
+    the side of "not established"."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    per = 10 if q is None or q <= 50 else math.ceil(1 / (1 - q / 100) - 1e-9)
+    k = min(k, x.size // per)
+    if k < 2:
+        return None
+    f = (lambda v: float(np.percentile(v, q))) if q is not None else (lambda v: float(v.mean()))
+    return [f(c) for c in np.array_split(x, k)]
+
+
+def spread(values: list[float] | None) -> float | None:
+    """max - min of segment values (None passes through)."""
+    return None if not values else max(values) - min(values)
