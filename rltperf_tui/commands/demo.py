@@ -82,7 +82,7 @@ def engine_command(args: argparse.Namespace, listen: str) -> tuple[list[str], st
     """The child's command line and a note for the header."""
     if args.engine_cmd:
         cmd = shlex.split(args.engine_cmd.format(listen=listen, snapshots=args.snapshots))
-        return cmd, "engine: " + os.path.basename(cmd[0])
+        return cmd, "your --engine-cmd"
     if importlib.util.find_spec("rltperf_tui.commands.engine") is not None:
         cmd = [sys.executable, "-m", "rltperf_tui.cli", "engine", "--preset", args.preset, "--device", args.device,
                "--workload", args.workload, "--listen", listen, "--snapshots", args.snapshots]  # fmt: skip

@@ -59,12 +59,14 @@ class DevicePanel(Panel):
         else:
             ln.add("none", "$text-muted")
         ln.nl()
+        p50 = w.step_ms["p50"]
         for g in gaps:
             ago = (st.now_ns - g.at_ns) / 1e9
             ln.add(f"t-{ago:.1f} s".rjust(9) + " ", "$text-muted")
             ln.add(f"{ms(g.length_ms):>7} ms", "bold $warning")
             ln.add(f" after #{g.after_step}", "$text-muted")
-            if g.grown_stage and g.grown_ms is not None and g.grown_ms >= 0.01:
+            # name the stage only when it grew by something worth reading (>= 5% of a step)
+            if g.grown_stage and g.grown_ms is not None and g.grown_ms >= max(0.01, 0.05 * (p50 or 0.0)):
                 ln.add(" grew: ", "$text-muted").add(f"{g.grown_stage} +{ms(g.grown_ms)}")
             ln.nl()
         return ln
