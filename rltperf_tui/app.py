@@ -183,6 +183,8 @@ class MonitorApp(App[int]):
         Binding("r", "toggle_record", "record"),
         Binding("question_mark", "help", "help", key_display="?"),
         Binding("q", "quit", "quit"),
+        # no text to copy here: Ctrl-C quits, as a person over SSH expects
+        Binding("ctrl+c", "quit", "quit", show=False, priority=True),
         Binding("p", "replay_pause", "play"),
         Binding("plus,equals_sign", "replay_speed(2.0)", "faster", key_display="+"),
         Binding("minus", "replay_speed(0.5)", "slower", key_display="-"),

@@ -120,6 +120,16 @@ def test_quit_stops_the_engine(demo) -> None:  # type: ignore[no-untyped-def]
     assert _gone(pid), f"engine {pid} outlived the demo"
 
 
+def test_ctrl_c_quits_and_stops_the_engine(demo) -> None:  # type: ignore[no-untyped-def]
+    d, pids = demo
+    pid = d.engine_pid()
+    pids.append(pid)
+    d.wait_text(r"rltperf live")
+    os.write(d.master, b"\x03")  # Ctrl-C typed in the raw-mode terminal
+    assert d.proc.wait(30) == 0
+    assert _gone(pid), f"engine {pid} outlived the demo after Ctrl-C"
+
+
 def test_sighup_stops_the_engine(demo) -> None:  # type: ignore[no-untyped-def]
     d, pids = demo
     pid = d.engine_pid()

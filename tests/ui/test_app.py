@@ -251,3 +251,13 @@ async def test_target_spec_without_session_connects_in_worker(paced_engine) -> N
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: len(app.handles[0].stats.steps) > 10, what="steps")
         assert app.handles[0].stats.state == "connected"
+
+
+@sync
+async def test_every_key_is_in_the_command_palette() -> None:
+    app = MonitorApp([replay_spec()])
+    async with app.run_test(size=(120, 40)):
+        titles = {c.title for c in app.get_system_commands(app.screen)}
+    for t in ("Capture ops-only", "Capture full", "Halve capture length", "Double capture length",
+              "Pause display", "Replay play/pause", "Replay faster", "Replay slower", "Help", "Quit"):  # fmt: skip
+        assert t in titles, t
