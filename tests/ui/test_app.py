@@ -261,3 +261,13 @@ async def test_every_key_is_in_the_command_palette() -> None:
     for t in ("Capture ops-only", "Capture full", "Halve capture length", "Double capture length",
               "Pause display", "Replay play/pause", "Replay faster", "Replay slower", "Help", "Quit"):  # fmt: skip
         assert t in titles, t
+
+
+def test_monitor_never_imports_torch() -> None:
+    code = (
+        "import sys, rltperf_tui.app, rltperf_tui.screens.help, rltperf_tui.bench.ingest\n"
+        "import rltperf_tui.commands.attach, rltperf_tui.commands.demo, rltperf_tui.commands.replay\n"
+        "bad = sorted(m for m in ('torch', 'vllm') if m in sys.modules)\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
