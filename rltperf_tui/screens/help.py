@@ -28,7 +28,8 @@ A figure the engine does not report shows as **n/a**, never as zero.
 | `r` | start / stop recording each live stream to `rltperf-<target>-<time>.rltrec` |
 | `p`, `+`, `-` | replays: play/pause, faster, slower |
 | `ctrl+p` | command palette (every action above) |
-| `?` | this screen · `q` quit |
+| `?` | this screen · `q` or `ctrl+c` quit |
+| `↑` `↓` `PgUp` `PgDn`, `tab` | scroll a target's column (narrow terminals stack the panels), move between targets |
 
 Profiled timings are not a baseline: steps inside a capture, its profiler warm-up or
 its export are flagged and counted in the Bandwidth panel.  Start with a small N.
