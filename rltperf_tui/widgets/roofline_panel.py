@@ -61,10 +61,16 @@ class RooflinePanel(Panel):
         ln.add(f"{ms(w.ceiling_ms_p50)} ms/step", "bold")
         ln.add(" vs measured ", "$text-muted")
         ln.add(f"{ms(w.step_ms['p50'])} ms", "bold")
+        below = False
         if w.ceiling_ms_p50 and w.step_ms["p50"]:
-            ln.add(f" ({w.step_ms['p50'] / w.ceiling_ms_p50:.1f}x)", "$text-muted")
+            ratio = w.step_ms["p50"] / w.ceiling_ms_p50
+            below = ratio < 1.0
+            ln.add(f" ({ratio:.1f}x)", "bold reverse $error" if below else "$text-muted")
         ln.add(" p50", "$text-muted")
         ln.nl()
+        if below:
+            # faster than the roofline allows: never shown as if it were fine
+            ln.add("⚠ steps beat the ceiling: data served from cache, or bytes overcounted", "bold $error").nl()
         if w.profiled_steps or w.exporting_steps or w.warmup_steps:
             ln.add(
                 f"{w.profiled_steps} profiled, {w.exporting_steps} exporting, "

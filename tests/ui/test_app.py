@@ -212,6 +212,7 @@ async def test_mbu_above_one_is_flagged() -> None:
         await pilot.pause(0.1)
         roof = panel_text(app, RooflinePanel)
         assert "⚠ >1" in roof and "--peak-gbps flag" in roof, roof
+        assert "steps beat the ceiling" in roof, roof
         assert "⚠" in panel_text(app, TargetHeader)
 
 
