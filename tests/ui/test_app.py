@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import re
 import socket
@@ -21,6 +22,7 @@ from rltperf_tui.screens.help import HelpScreen
 from rltperf_tui.widgets.captures import CapturesPanel
 from rltperf_tui.widgets.device import DevicePanel
 from rltperf_tui.widgets.latency import LatencyPanel
+from rltperf_tui.widgets.loops import LoopsPanel
 from rltperf_tui.widgets.roofline_panel import RooflinePanel
 from rltperf_tui.widgets.status_bar import StatusBar
 from rltperf_tui.widgets.step_timeline import StepTimeline
@@ -272,3 +274,46 @@ def test_monitor_never_imports_torch() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+HAVE_REFERENCE = importlib.util.find_spec("rltperf_tui.commands.engine") is not None
+
+
+@pytest.mark.skipif(not HAVE_REFERENCE, reason="the reference engine (rltperf engine) is not in this build")
+@sync
+async def test_reference_engine_panels_and_captures(tmp_path: Path) -> None:
+    """The real reference engine: loops, requests and KV reach the panels; c and f each
+    leave a complete bundle of the requested steps."""
+    snaps = tmp_path / "snapshots"
+    eng = start_engine(["-m", "rltperf_tui.cli", "engine", "--preset", "tiny", "--device", "cpu",
+                        "--workload", "steady-bursts", "--listen", "127.0.0.1:0", "--snapshots", str(snaps)],
+                       timeout=120)  # fmt: skip
+    try:
+        app = MonitorApp([eng.target], capture_steps=4)
+        async with app.run_test(size=(120, 40)) as pilot:
+            h = app.handles[0]
+            await wait_for(pilot, lambda: h.stats.reqs.n >= 3 and len(h.stats.steps) >= 100, timeout=90,
+                           what="steps and finished requests")  # fmt: skip
+            app.force_render()
+            await pilot.pause(0.1)
+            assert re.search(rf"TTFT\s+{NUM}", panel_text(app, LatencyPanel))
+            assert "rltperf-reference" in panel_text(app, TargetHeader)
+            assert "RANDOM WEIGHTS" in panel_text(app, TargetHeader)
+            loops = panel_text(app, LoopsPanel)
+            assert re.search(r"^\s+1\s", loops, re.M), loops  # a row per loop depth
+            await pilot.press("c")
+            await wait_for(
+                pilot, lambda: any(c.state == "saved" for c in h.stats.captures.values()), timeout=120
+            )
+            await pilot.press("f")
+            await wait_for(pilot, lambda: sum(c.state == "saved" for c in h.stats.captures.values()) == 2,
+                           timeout=120)  # fmt: skip
+    finally:
+        eng.stop()
+    metas = [
+        json.loads((b / "meta.json").read_text())["capture"]
+        for b in snaps.iterdir()
+        if (b / "meta.json").exists()
+    ]
+    assert sorted(m["mode"] for m in metas) == ["full", "ops"]
+    assert all(m["steps_requested"] == 4 and m["steps_captured"] == 4 for m in metas), metas
