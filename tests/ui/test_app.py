@@ -317,3 +317,41 @@ async def test_reference_engine_panels_and_captures(tmp_path: Path) -> None:
     ]
     assert sorted(m["mode"] for m in metas) == ["full", "ops"]
     assert all(m["steps_requested"] == 4 and m["steps_captured"] == 4 for m in metas), metas
+
+
+@sync
+async def test_capture_states_on_screen() -> None:
+    """Each capture state reads right: armed, capturing k/N with a bar, exporting, failed with its reason."""
+    from engine_adapters.records import CaptureExporting, CaptureFailed, CaptureProgress, CaptureStarted
+
+    app = MonitorApp([replay_spec()])
+    async with app.run_test(size=(120, 40)) as pilot:
+        h = app.handles[0]
+        await wait_for(pilot, lambda: h.stats.state == "ended", what="end")
+        h.stats.note_capture_request("c1", "full", 8)
+        app.force_render()
+        await pilot.pause(0.05)
+        assert "full N=8   armed waiting for the next step boundary" in panel_text(app, CapturesPanel)
+        h.stats.add([CaptureStarted(capture_id="c1", first_step=100, steps=8, mode="full", cold=True),
+                     CaptureProgress(capture_id="c1", steps_done=3, steps=8)])  # fmt: skip
+        app.force_render()
+        await pilot.pause(0.05)
+        text = panel_text(app, CapturesPanel)
+        assert (
+            re.search(r"full N=8\s+capturing 3/8 █+", text) and "from step 100" in text and "cold" in text
+        ), text
+        assert "full 3/8" in str(app.query_one(StatusBar).render().plain)
+        h.stats.add([CaptureExporting(capture_id="c1", since_ns=1)])
+        app.force_render()
+        await pilot.pause(0.05)
+        assert "export running" in panel_text(app, CapturesPanel)
+        h.stats.add([CaptureFailed(capture_id="c1", reason="disk full: no space left under the snapshot root",
+                                   bundle="/snap/x_full_8steps")])  # fmt: skip
+        app.force_render()
+        await pilot.pause(0.05)
+        text = panel_text(app, CapturesPanel)
+        assert (
+            "failed" in text
+            and "disk full: no space left" in text
+            and "error kept in /snap/x_full_8steps" in text
+        )
