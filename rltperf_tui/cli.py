@@ -103,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"rltperf {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `rltperf report ... | head`: the reader left, not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

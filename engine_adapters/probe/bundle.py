@@ -238,6 +238,17 @@ def _window_steps(probe: Probe, job: CaptureJob) -> list[tuple[Any, str]]:
     return out
 
 
+def _ceiling(info: Any) -> dict[str, Any] | None:
+    """The device ceiling the monitor used (for the report's roofline), or None."""
+    try:
+        from engine_adapters.ceilings import ceiling_for
+
+        c = ceiling_for(info.device, info.dtype, quick=False)
+    except Exception:
+        return None
+    return to_builtins(c) if c is not None else None
+
+
 def _meta(
     probe: Probe,
     job: CaptureJob,
@@ -286,6 +297,7 @@ def _meta(
             "window_end_ns": job.window_end_ns,
         },
         "live_at_trigger": job.live_at_trigger,
+        "ceiling": _ceiling(info),
         "contract": build_contract(info),
         "files": files,
     }

@@ -280,23 +280,30 @@ class Probe:
         self.address = self._publisher.address
         """``host:port`` the probe listens on (the real port when 0 was asked for)."""
         self._sampler = None
-        if sample_devices:
-            from engine_adapters.devices import SamplerThread
-
-            info = self.engine_info
-            self._sampler = SamplerThread(
-                self._publisher.post_device_sample,
-                pid=os.getpid(),
-                devices=[info.device],
-                dtype=info.dtype,
-                prepare_ceiling=True,
-            )
-            self._sampler.start()
         self._prometheus = None
-        if prometheus_port is not None:
-            from engine_adapters.probe.prometheus import PrometheusExporter
+        try:
+            if prometheus_port is not None:
+                from engine_adapters.probe.prometheus import PrometheusExporter
 
-            self._prometheus = PrometheusExporter(self, prometheus_port)
+                self._prometheus = PrometheusExporter(self, prometheus_port)
+            if sample_devices:
+                from engine_adapters.devices import SamplerThread
+
+                info = self.engine_info
+                self._sampler = SamplerThread(
+                    self._publisher.post_device_sample,
+                    pid=os.getpid(),
+                    devices=[info.device],
+                    dtype=info.dtype,
+                    prepare_ceiling=True,
+                )
+                self._sampler.start()
+        except BaseException:
+            # A half-built probe leaves no thread or listening socket behind.
+            if self._prometheus is not None:
+                self._prometheus.close()
+            self._publisher._shutdown_sockets()
+            raise
         self._publisher.start()
         log.info("rltperf probe listening on %s", self.address)
 

@@ -238,24 +238,9 @@ class PrometheusExporter:
         self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
         """``host:port`` the metrics are served on (``/metrics``)."""
         probe._publisher.add_observer(self.observe)
-        self._wrap_control(probe)
         log.info("Prometheus metrics on http://%s/metrics", self.address)
 
     # -- feeding (publisher thread) --------------------------------------------------------
-
-    def _wrap_control(self, probe: Probe) -> None:
-        # Capture results go to subscribers as control records, which the batch observer
-        # does not see: count them on their way in.
-        pub = probe._publisher
-        inner = pub.post_control
-
-        def post_control(rec: Any) -> None:
-            try:
-                self._control(rec)
-            finally:
-                inner(rec)
-
-        pub.post_control = post_control  # type: ignore[method-assign]
 
     def _control(self, rec: Any) -> None:
         if isinstance(rec, CaptureStarted):
@@ -313,6 +298,8 @@ class PrometheusExporter:
                     self.dev_util.labels(device=dev).set(r.gpu_util)
                 if r.mem_used is not None:
                     self.dev_mem.labels(device=dev).set(r.mem_used)
+            elif isinstance(r, (CaptureStarted, CaptureDone, CaptureFailed)):
+                self._control(r)
         if win_add:
             with self._lock:
                 self._win.extend(win_add)

@@ -174,7 +174,8 @@ class Publisher(threading.Thread):
         self._dev_in.append(rec)
 
     def add_observer(self, fn: Any) -> None:
-        """Call ``fn(records)`` in the publisher thread with every batch (e.g. metrics)."""
+        """Call ``fn(records)`` in the publisher thread with every batch of records: the
+        data (steps, requests, device samples) and the control records (capture results)."""
         self._observers.append(fn)
 
     def recent_steps(self) -> list[StepRecord]:
@@ -214,13 +215,18 @@ class Publisher(threading.Thread):
             for sub in self._subs:
                 if sub.authed and not sub.closing:
                     self._queue_data(sub, blob, n)
+        ctrl: list[Record] = []
+        while self._ctrl_in:
+            rec = self._ctrl_in.popleft()
+            ctrl.append(rec)
+            self._broadcast_ctrl(encode(rec))
+        if self._observers and (recs or ctrl):
+            batch = recs + ctrl if ctrl else recs
             for fn in self._observers:
                 try:
-                    fn(recs)
+                    fn(batch)
                 except Exception:
                     log.exception("probe observer failed")
-        while self._ctrl_in:
-            self._broadcast_ctrl(encode(self._ctrl_in.popleft()))
         names = self.probe.stage_names
         if len(names) != self._n_stages_sent:
             self._n_stages_sent = len(names)
@@ -632,9 +638,10 @@ class Publisher(threading.Thread):
     # -- shutdown --------------------------------------------------------------------------------
 
     def close(self, reason: str) -> None:
-        """Send ``Bye`` to every subscriber (best effort, ≤ 0.5 s) and stop the thread."""
-        self._ctrl_in.append(Bye(reason=reason))
-        self._bye_deadline = time.monotonic() + 0.5
+        """Send what is left, then ``Bye``, to every subscriber (best effort, ≤ 1 s) and
+        stop the thread."""
+        self._bye_reason = reason
+        self._bye_deadline = time.monotonic() + 1.0
         self._stop_ev.set()
         if self.is_alive():
             self.join(2.0)
@@ -642,13 +649,18 @@ class Publisher(threading.Thread):
             self._shutdown_sockets()
 
     def _shutdown_sockets(self) -> None:
-        # Flush what is left (steps of the last moments and the Bye) for a short while.
+        # Flush what is left — the last steps and requests, then the Bye, in that order
+        # (a monitor stops reading at the Bye) — for a short while.
         try:
             self._tick()
         except Exception:
             pass
+        bye = encode(Bye(reason=getattr(self, "_bye_reason", "probe closed")))
+        for sub in self._subs:
+            if sub.authed and not sub.closing:
+                sub.data.append((bye, 0))  # after all data, never dropped (last in the queue)
         deadline = getattr(self, "_bye_deadline", time.monotonic())
-        while time.monotonic() < deadline and any(s.out is not None or s.ctrl for s in self._subs):
+        while time.monotonic() < deadline and any(s.out is not None or s.ctrl or s.data for s in self._subs):
             for sub in list(self._subs):
                 self._flush(sub)
             time.sleep(0.01)

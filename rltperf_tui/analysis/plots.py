@@ -145,6 +145,25 @@ def roofline(
                 linewidth=1,
                 label=f"machine balance {peak_gflops / peak_bw_gbps:.1f} FLOP/B",
             )
+        # A point above the roof means the ceiling or the analytic counts are wrong: say so.
+        above = sum(
+            1
+            for x, y in zip(xs, ys, strict=True)
+            if y > 1.02 * min(peak_bw_gbps * x, peak_gflops or float("inf"))
+        )
+        if above:
+            ax.text(  # lower right: high intensity at low speed, where points rarely are
+                0.98,
+                0.03,
+                f"{above} point(s) above the ceiling{src}:\nthe ceiling is too low or the counts are wrong"
+                " (run rltperf calibrate)",
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom",
+                bbox={"facecolor": "white", "edgecolor": "firebrick", "alpha": 0.85},
+                fontsize=8,
+                color="firebrick",
+            )
     elif peak_gflops:
         ax.axhline(
             peak_gflops, color="black", linewidth=1.5, label=f"compute ceiling {peak_gflops:.0f} GFLOP/s{src}"

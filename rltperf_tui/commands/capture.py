@@ -105,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
                     print(f"rltperf capture: the engine went away: {r.detail}", file=sys.stderr)
                     return 1
             if exporting_since is not None:
-                prog.show(f"capture {cid}: exporting ({time.monotonic() - exporting_since:.1f} s)")
+                prog.show(
+                    f"capture {cid}: exporting ({time.monotonic() - exporting_since:.1f} s)", key="exporting"
+                )
         prog.done()
         print(
             f"rltperf capture: no result within {args.timeout:g} s (is the engine stepping?)", file=sys.stderr

@@ -46,12 +46,19 @@ class Progress:
         self.enabled = enabled
         self.tty = sys.stderr.isatty()
         self._last = ""
+        self._last_key: str | None = None
 
-    def show(self, text: str) -> None:
-        """Replace the progress line."""
+    def show(self, text: str, key: str | None = None) -> None:
+        """Replace the progress line.  Without a terminal, a line is printed only when
+        ``key`` (default: the text) changes, so logs get one line per state."""
         if not self.enabled or text == self._last:
             return
         self._last = text
+        if not self.tty:
+            k = key if key is not None else text
+            if k == self._last_key:
+                return
+            self._last_key = k
         if self.tty:
             sys.stderr.write("\r\033[K" + text)
         else:

@@ -54,7 +54,10 @@ def run(args: argparse.Namespace) -> int:
             if now >= next_flush:
                 writer.flush()
                 next_flush = now + 1.0
-                prog.show(f"recording {args.target}: {now - t0:5.1f}/{args.duration:g} s, {steps} steps")
+                prog.show(
+                    f"recording {args.target}: {now - t0:5.1f}/{args.duration:g} s, {steps} steps",
+                    key=str(int((now - t0) // 10)),  # without a terminal: a line every 10 s
+                )
     except KeyboardInterrupt:
         ended = "interrupted"
     finally:

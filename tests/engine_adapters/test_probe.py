@@ -157,3 +157,48 @@ def test_step_without_with_and_mark_overflow_are_safe(probe):
         st.mark(f"s{i % 3}")
     st.finish()
     assert probe.steps_total == 1
+
+
+def test_close_ships_every_record_before_the_bye():
+    from engine_adapters.records import Bye
+
+    p = Probe("127.0.0.1:0", {"name": "unit"}, warm_profiler=False, sample_devices=False)
+    s = ProbeAdapter(f"tcp://{p.address}", reconnect=False).connect()
+    s.read(0.5)
+    for i in range(500):
+        with p.step() as st:
+            st.mark("forward")
+        p.request_done(f"r{i}", arrival_ns=now_ns(), finish_ns=now_ns())
+    p.close("done")  # immediately: nothing may be lost, the Bye comes last
+    recs = _collect(s, 3.0, until=lambda o: any(isinstance(r, Bye) for r in o))
+    kinds = [type(r).__name__ for r in recs]
+    assert kinds.count("StepRecord") == 500 and kinds.count("RequestRecord") == 500
+    assert kinds.index("Bye") > max(i for i, k in enumerate(kinds) if k in ("StepRecord", "RequestRecord"))
+    s.close()
+
+
+def test_failed_probe_construction_leaves_nothing_listening():
+    import socket
+
+    import psutil
+
+    me = psutil.Process()
+
+    def listening() -> set[int]:
+        return {c.laddr.port for c in me.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy_port = s.getsockname()[1]
+        before = listening()
+        with pytest.raises(OSError):  # the Prometheus port is taken: the probe cannot start
+            Probe(
+                "127.0.0.1:0",
+                {"name": "x"},
+                warm_profiler=False,
+                sample_devices=True,
+                prometheus_port=busy_port,
+            )
+        assert listening() == before
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("rltperf-")]

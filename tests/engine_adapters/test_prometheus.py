@@ -11,8 +11,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import LOOP_ENGINE, start_engine
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import LOOP_ENGINE, start_engine
 
 STEPS = 300
 

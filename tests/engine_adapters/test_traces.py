@@ -178,10 +178,9 @@ def test_memory_peaks_from_memory_events() -> None:
 @pytest.mark.slow
 def test_real_capture_idle_matches_known_sleeps(tmp_path: Path) -> None:
     """A loop that sleeps 100 ms between 1-op steps of ~100 ms: trace idle = sleeps ± 1 pp."""
-    from conftest import LOOP_ENGINE, start_engine
-
     from engine_adapters.records import CaptureDone, CaptureFailed, Refused
     from engine_adapters.registry import adapter_for
+    from tests.conftest import LOOP_ENGINE, start_engine
 
     truth = tmp_path / "truth.json"
     eng = start_engine(

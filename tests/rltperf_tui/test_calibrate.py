@@ -22,7 +22,7 @@ from rltperf_tui.aggregator import TargetStats
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import LOOP_ENGINE, start_engine  # noqa: E402
+from tests.conftest import LOOP_ENGINE, start_engine  # noqa: E402
 
 MIB = 1 << 20
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LOOP_ENGINE, EngineProc, start_engine
+
+from tests.conftest import LOOP_ENGINE, EngineProc, start_engine
 
 COMMON = ["--sleep-ms", "0.5", "--requests-every", "8", "--loops", "4"]
 MIN_RECORD_S = 3.0

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LOOP_ENGINE, start_engine
+
+from tests.conftest import LOOP_ENGINE, start_engine
 
 STEPS = 5
 
