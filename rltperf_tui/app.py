@@ -235,6 +235,7 @@ class MonitorApp(App[int]):
                 stats.state_detail = f"connecting to {spec.target}"
             self.handles.append(TargetHandle(i, spec, stats))
         self._columns: list[TargetColumn] = []
+        self._status_bar: StatusBar | None = None
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._last_child_check = 0.0
         self.ticks = 0
@@ -254,6 +255,7 @@ class MonitorApp(App[int]):
     def on_mount(self) -> None:
         self._event_loop = asyncio.get_running_loop()
         self._columns = list(self.query(TargetColumn))
+        self._status_bar = self.query_one(StatusBar)
         for h in self.handles:
             self.run_worker(
                 partial(self._ingest, h),
@@ -385,8 +387,11 @@ class MonitorApp(App[int]):
         self._check_child(now)
         for h in self.handles:
             self._notice(h, now)
+        bar = self._status_bar
+        if bar is None or not bar.is_attached:  # not composed yet, or shutting down
+            return
         with self.batch_update():
-            self.query_one(StatusBar).show(self._status())
+            bar.show(self._status())
             if self.display_paused:
                 return
             for h, col in zip(self.handles, self._columns, strict=False):

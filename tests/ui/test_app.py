@@ -12,8 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from _uihelpers import RECORDING, panel_text, replay_spec, sync, wait_for
-from conftest import LOOP_ENGINE, ROOT, start_engine
 
 from engine_adapters.recording import read_all
 from engine_adapters.records import Hello, StepRecord
@@ -27,6 +25,8 @@ from rltperf_tui.widgets.roofline_panel import RooflinePanel
 from rltperf_tui.widgets.status_bar import StatusBar
 from rltperf_tui.widgets.step_timeline import StepTimeline
 from rltperf_tui.widgets.target_header import TargetHeader
+from tests.conftest import LOOP_ENGINE, ROOT, start_engine
+from tests.ui._uihelpers import RECORDING, panel_text, replay_spec, sync, wait_for
 
 NUM = r"\d+\.\d+"
 
@@ -194,6 +194,9 @@ async def test_replay_keys_pause_speed_and_help() -> None:
         assert not app.display_paused
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
+        ticks = app.ticks
+        await pilot.pause(1.2)  # render ticks keep running under the help screen
+        assert app.ticks > ticks and isinstance(app.screen, HelpScreen)
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
         await pilot.press("c")  # a recording cannot capture: a notification, no crash

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from _uihelpers import replay_finished, replay_spec
-
 from rltperf_tui.app import MonitorApp
+from tests.ui._uihelpers import replay_finished, replay_spec
 
 
 def test_main_screen_120x40(snap_compare: Any) -> None:
