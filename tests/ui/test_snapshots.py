@@ -13,7 +13,7 @@ from tests.ui._uihelpers import replay_finished, replay_spec
 
 
 def test_main_screen_120x40(snap_compare: Any) -> None:
-    app = MonitorApp([replay_spec()], slo_ttft_ms=200, slo_tpot_ms=6)
+    app = MonitorApp([replay_spec()], slo_ttft_ms=500, slo_tpot_ms=50)
     assert snap_compare(app, terminal_size=(120, 40), run_before=replay_finished)
 
 

@@ -1,13 +1,14 @@
 """Regenerate ``tests/ui/data/demo.rltrec``, the fixed recording of the UI snapshot tests.
 
-A real probe (in this process) publishes a scripted looped-engine step loop over a real
-socket; a real probe client records the stream with ``RecordingWriter``.  The "engine"
-is sleep-timed (no model): stage times, loop depths, exit histogram, KV, queue,
-speculation and requests follow a seeded script, so every panel has something to show.
-The weights are (trivially) random: the Hello says so.  Peak figures come from a quick
-numpy calibration of this machine written to a private calibration cache, so the
-recording carries ``Ceiling.source == "calibration"``; one ops capture of 4 steps runs in
-the middle.  Run from the repository root (the snapshots must then be re-accepted):
+Default: the reference engine (``rltperf engine``, tiny preset on the CPU, random
+weights) with exits spread over depths, self-speculation and an injected host stall, so
+every panel has something to show, recorded over a real socket by a real probe client
+for ``--seconds``, with one ops capture of 4 steps in the middle.
+
+``--scripted``: a real probe in this process publishes a sleep-timed scripted loop
+(no model) with a numpy calibration in a private cache; for when no engine is at hand.
+
+Run from the repository root (the snapshots must then be re-accepted):
 
     .venv/bin/python tests/ui/data/make_recording.py
     .venv/bin/python -m pytest tests/ui --snapshot-update
@@ -68,12 +69,76 @@ def sleep_ms(ms: float) -> None:
         pass
 
 
+REFERENCE_ARGS = [
+    "--preset", "tiny", "--device", "cpu", "--workload", "steady-bursts", "--exit", "oracle:0.35,0.3,0.2,0.15",
+    "--exit-mode", "compact", "--spec", "1,3", "--spec-accept", "oracle:0.6", "--inject-stall", "30@150",
+    "--seed", "7", "--threads", "1",
+]  # fmt: skip
+"""The reference engine with every panel lit: exits spread over depths, self-speculation,
+a 30 ms host stall every 150 steps (idle gaps), its steady workload with bursts."""
+
+
+def reference(args: argparse.Namespace) -> int:
+    """Record the real reference engine (``rltperf engine``) for ``--seconds`` with one ops capture."""
+    import subprocess
+
+    from engine_adapters.recording import RecordingWriter
+    from engine_adapters.records import CaptureDone, CaptureFailed
+    from engine_adapters.tcp import ProbeAdapter
+
+    snap = tempfile.mkdtemp(prefix="rltperf-fixture-snap-")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    eng = subprocess.Popen(
+        [sys.executable, "-m", "rltperf_tui.cli", "engine", *REFERENCE_ARGS, "--listen", "127.0.0.1:0",
+         "--snapshots", snap, "--duration", str(args.seconds + 60)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert eng.stdout is not None
+        import re
+
+        line = eng.stdout.readline()
+        m = re.search(r"(?:^ADDRESS |tcp://)(\S+?:\d+)", line)
+        if not m:
+            raise SystemExit(f"the engine printed no address: {line!r}")
+        target = "tcp://" + m.group(1)
+        session = ProbeAdapter(target, reconnect=False).connect()
+        if os.path.exists(args.out):
+            os.remove(args.out)
+        writer = RecordingWriter(args.out, target="rltperf engine " + " ".join(REFERENCE_ARGS))
+        t0 = time.monotonic()
+        asked = done = False
+        while time.monotonic() - t0 < args.seconds or (asked and not done):
+            recs = session.read(0.1)
+            writer.write(recs)
+            done = done or any(isinstance(r, (CaptureDone, CaptureFailed)) for r in recs)
+            if not asked and time.monotonic() - t0 > args.seconds * 0.6:
+                session.request_capture(4, "ops")
+                asked = True
+            if time.monotonic() - t0 > args.seconds + 60:
+                break
+        session.close()
+        writer.close()
+    finally:
+        eng.terminate()
+        eng.wait(30)
+    print(f"{args.out}: {writer.records} records, {os.path.getsize(args.out) / 1024:.0f} KiB")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(Path(__file__).with_name("demo.rltrec")))
-    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--scripted", action="store_true",
+                    help="a sleep-timed scripted loop in this process instead of the reference engine")  # fmt: skip
     args = ap.parse_args()
+    return scripted(args) if args.scripted else reference(args)
+
+
+def scripted(args: argparse.Namespace) -> int:
+    """A sleep-timed scripted looped engine published by a real probe in this process."""
 
     from engine_adapters.probe.contract import cpu_model
 
