@@ -10,6 +10,9 @@
    steps/s: the monitor process's CPU time over wall time (1.0 = one core).  Goal
    <= 0.05.  Also its RSS at the start and the end (``--duration 600`` for the
    ten-minute figure) and the records it received.
+
+For profiling, ``$RLTPERF_BENCH_CHILD`` replaces the monitor child's script (it gets the
+target, an output JSON path and the refresh rate as arguments).
 """
 
 from __future__ import annotations
