@@ -70,7 +70,9 @@ class RooflinePanel(Panel):
         ln.nl()
         if below:
             # faster than the roofline allows: never shown as if it were fine
-            ln.add("⚠ steps beat the ceiling: data served from cache, or bytes overcounted", "bold $error").nl()
+            ln.add(
+                "⚠ steps beat the ceiling: data served from cache, or bytes overcounted", "bold $error"
+            ).nl()
         if w.profiled_steps or w.exporting_steps or w.warmup_steps:
             ln.add(
                 f"{w.profiled_steps} profiled, {w.exporting_steps} exporting, "
