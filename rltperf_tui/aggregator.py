@@ -788,6 +788,21 @@ class TargetStats:
             )
         return out
 
+    def idle_gap_threshold_ms(self, seconds: float = 30.0) -> float:
+        """The default threshold ``idle_gaps`` uses over the window: max(1 ms, 5 x median gap)
+        (so the screen can say which threshold it lists gaps over)."""
+        sl, _, _ = self._window_rows(seconds)
+        S = self.steps
+        start = S.last("start")[sl]
+        end = S.last("end")[sl]
+        ids = S.last("step_id")[sl]
+        if end.size < 2:
+            return 1.0
+        g = (start[1:] - end[:-1]).astype(np.float64)
+        g = g[np.diff(ids) == 1]
+        med = float(np.median(g)) / 1e6 if g.size else 0.0
+        return max(1.0, 5 * med)
+
     def latest_kv(self) -> dict[str, Any]:
         """Newest queue and KV figures (None when the engine does not report them)."""
         s = self.last_step

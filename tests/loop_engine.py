@@ -32,6 +32,10 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--sleep-ms", type=float, default=0.0, help="host sleep between steps (a known idle gap)")
+    ap.add_argument(
+        "--rate", type=float, default=0.0, metavar="STEPS_PER_S",
+        help="pace the loop to this many steps per second (absolute schedule, no drift); 0 = as fast as it runs",
+    )  # fmt: skip
     ap.add_argument("--snapshots", default="snapshots")
     ap.add_argument("--token", default=None)
     ap.add_argument("--no-warm", action="store_true")
@@ -107,8 +111,10 @@ def main() -> int:
     wbytes = args.dim * args.dim * 4
     rows = args.rows
     t_end = time.monotonic() + args.duration
+    period = 1.0 / args.rate if args.rate > 0 else 0.0
     if args.start_delay:
         time.sleep(args.start_delay)
+    next_t = time.monotonic()
     req_start: int | None = None
     req_first: int | None = None
     n = 0
@@ -181,6 +187,14 @@ def main() -> int:
             s0 = clk()
             time.sleep(pause / 1000)
             sleeps[sid] = clk() - s0
+        if period:
+            # next += period; sleep(next - now): the rate does not drift with step time
+            next_t += period
+            delay = next_t - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            elif delay < -1.0:
+                next_t = time.monotonic()  # fell a second behind: do not burst to catch up
     probe.close()
     if args.out:
         with open(args.out, "w") as f:

@@ -1,0 +1,688 @@
+"""The live monitor: one column of panels per attached target.
+
+Data flow (after Toolong, Dolphie and nvitop; see STYLE.md):
+
+- one thread worker per target reads its adapter session, batches records every
+  ~100 ms and posts **one** ``RecordsBatch`` message per batch (bounded: at most
+  ``MAX_INFLIGHT`` batches wait in the message queue, so a fast replay cannot grow
+  memory without bound);
+- the message handler only appends the batch to the target's ``TargetStats`` (the
+  aggregator ``rltperf summary`` uses too);
+- a render tick (``set_interval``) computes each target's window once and hands it to
+  the panels inside ``app.batch_update()``; a paused display skips the tick while data
+  keeps arriving;
+- worker errors end in one ``Worker.StateChanged`` handler that turns them into a
+  notification and marks the target.
+
+Each target gets its own worker group (``ingest-<i>``, exclusive) rather than one shared
+``ingest`` group: ``exclusive`` cancels the other workers of a group, and several
+targets (PD, ranks) must be read at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal
+from textual.message import Message
+from textual.notifications import SeverityLevel
+from textual.screen import Screen
+from textual.widgets import Footer
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from engine_adapters.base import Adapter, AdapterError, Session
+from engine_adapters.recording import RecordingError, RecordingWriter
+from engine_adapters.records import Ceiling, Record, SessionEvent, StageTable
+from engine_adapters.registry import adapter_for
+from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.widgets.panel import PanelContext
+from rltperf_tui.widgets.status_bar import StatusBar, StatusInfo
+from rltperf_tui.widgets.target_column import TargetColumn
+
+BATCH_S = 0.1
+"""The ingest worker posts one message per this many seconds (when records came)."""
+MAX_INFLIGHT = 8
+"""Batches that may wait in the app's message queue per target before the worker waits."""
+READ_S = 0.05
+"""Longest single blocking read of a session (the worker checks for cancellation between)."""
+FLUSH_S = 1.0
+"""Recordings are flushed to the OS about this often."""
+MAX_CAPTURE_STEPS = 4096
+"""Upper bound of N for ``]``."""
+
+
+@dataclass
+class TargetSpec:
+    """A target for the monitor, optionally already connected (by the command line)."""
+
+    target: str
+    """The target as the user gave it."""
+    session: Session | None = None
+    """An open session; None: the ingest worker connects (and retries if it can)."""
+    adapter: Adapter | None = None
+    """The adapter; None: built from ``target`` with ``adapter_for``."""
+    note: str = ""
+    """A line shown in the target's header (e.g. the demo engine's pid and log file)."""
+    waiting_text: str = ""
+    """Shown until the target first answers, instead of the connection error."""
+
+
+class TargetHandle:
+    """Everything the app keeps for one target (the worker thread touches only
+    ``session``, ``recorder`` under ``rec_lock``, and ``inflight``)."""
+
+    def __init__(self, index: int, spec: TargetSpec, stats: TargetStats) -> None:
+        self.index = index
+        self.target = spec.target
+        self.spec = spec
+        self.adapter: Adapter | None = spec.adapter
+        self.session: Session | None = spec.session
+        self.stats = stats
+        self.note = spec.note
+        self.inflight = threading.Semaphore(MAX_INFLIGHT)
+        self.posted = 0
+        """Batches the worker posted (written by the worker thread only)."""
+        self.handled = 0
+        """Batches the app handled (written by the UI thread only)."""
+        self.rec_lock = threading.Lock()
+        self.recorder: RecordingWriter | None = None
+        self.recording_path: str | None = None
+        self.last_flush = 0.0
+        self.exporting_seen: dict[str, float] = {}
+        self.capture_seen: dict[str, str] = {}
+        self.last_state = stats.state
+        self.dirty = True
+
+    @property
+    def live(self) -> bool:
+        """False for a recording being replayed."""
+        if self.adapter is not None:
+            return bool(self.adapter.IS_LIVE)
+        return not hasattr(self.session, "set_speed")
+
+    @property
+    def supports_capture(self) -> bool:
+        """Whether the adapter can run captures."""
+        return self.adapter is not None and bool(self.adapter.SUPPORTS_CAPTURE)
+
+    def replay_text(self) -> str | None:
+        """``x1 ▶`` / ``x2 ❚❚`` for a replay, None for a live target."""
+        s = self.session
+        if s is None or not hasattr(s, "set_speed"):
+            return None
+        speed = float(getattr(s, "speed", 1.0))
+        sp = "as fast as read" if speed == 0 else f"x{speed:g}"
+        if s.ended:
+            return f"replay {sp}, ended"
+        return f"replay {sp} " + ("❚❚ paused" if getattr(s, "paused", False) else "▶")
+
+
+class RecordsBatch(Message):
+    """Records read from one target in one ~100 ms batch."""
+
+    def __init__(self, index: int, records: list[Record], slot: bool = False) -> None:
+        super().__init__()
+        self.index = index
+        self.records = records
+        self.slot = slot
+        """The sender took one of the target's ``inflight`` slots (released on handling)."""
+
+
+class CaptureRequested(Message):
+    """A capture request reached a target's engine."""
+
+    def __init__(self, index: int, capture_id: str, mode: str, steps: int) -> None:
+        super().__init__()
+        self.index = index
+        self.capture_id = capture_id
+        self.mode = mode
+        self.steps = steps
+
+
+class TargetProblem(Message):
+    """Something about one target a person should read (not a crash)."""
+
+    def __init__(self, index: int, text: str, severity: SeverityLevel = "error") -> None:
+        super().__init__()
+        self.index = index
+        self.text = text
+        self.severity = severity
+
+
+def _slug(target: str) -> str:
+    s = re.sub(r"^[a-z+]+://", "", target)
+    s = re.sub(r"[^A-Za-z0-9]+", "-", os.path.basename(s.rstrip("/")) or s).strip("-")
+    return s[:40] or "target"
+
+
+class MonitorApp(App[int]):
+    """The live monitor over one or more targets (live engines or recordings)."""
+
+    CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses live elsewhere
+    TITLE = "rltperf"
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("c", "capture('ops')", "ops", tooltip="capture N steps, ops only"),
+        Binding("f", "capture('full')", "full", tooltip="capture N steps with shapes, memory, stacks"),
+        Binding("left_square_bracket", "halve_steps", "N/2", key_display="["),
+        Binding("right_square_bracket", "double_steps", "Nx2", key_display="]"),
+        Binding("space", "toggle_pause", "pause"),
+        Binding("r", "toggle_record", "record"),
+        Binding("question_mark", "help", "help", key_display="?"),
+        Binding("q", "quit", "quit"),
+        # no text to copy here: Ctrl-C quits, as a person over SSH expects
+        Binding("ctrl+c", "quit", "quit", show=False, priority=True),
+        Binding("p", "replay_pause", "play"),
+        Binding("plus,equals_sign", "replay_speed(2.0)", "faster", key_display="+"),
+        Binding("minus", "replay_speed(0.5)", "slower", key_display="-"),
+    ]
+
+    def __init__(
+        self,
+        targets: Sequence[str | TargetSpec],
+        *,
+        window_s: float = 10.0,
+        timeline_s: float = 30.0,
+        refresh_hz: float = 2.0,
+        capture_steps: int = 8,
+        slo_ttft_ms: float | None = None,
+        slo_tpot_ms: float | None = None,
+        peak_gbps: float | None = None,
+        peak_gflops: float | None = None,
+        record_dir: str = ".",
+        adapter_options: dict[str, Any] | None = None,
+        wait: bool = True,
+        history_steps: int = 32768,
+        child_check: Callable[[], str | None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.window_s = float(window_s)
+        self.timeline_s = float(timeline_s)
+        self.refresh_hz = max(0.5, float(refresh_hz))
+        self.capture_steps = max(1, int(capture_steps))
+        self.slo_ttft_ms = slo_ttft_ms
+        self.slo_tpot_ms = slo_tpot_ms
+        self.record_dir = record_dir
+        self.adapter_options = dict(adapter_options or {})
+        self.wait = wait
+        self.child_check = child_check
+        self.child_problem: str | None = None
+        self.display_paused = False
+        self.paused_records = 0
+        override = None
+        if peak_gbps is not None or peak_gflops is not None:
+            override = Ceiling(
+                device="", peak_bw_gbps=peak_gbps, peak_gflops=peak_gflops, source="--peak-gbps flag"
+            )
+        self.handles: list[TargetHandle] = []
+        for i, t in enumerate(targets):
+            spec = t if isinstance(t, TargetSpec) else TargetSpec(target=t)
+            stats = TargetStats(capacity=max(1024, history_steps), peak_override=override)
+            if spec.session is None:
+                stats.state_detail = f"connecting to {spec.target}"
+            self.handles.append(TargetHandle(i, spec, stats))
+        self._columns: list[TargetColumn] = []
+        self._status_bar: StatusBar | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._last_child_check = 0.0
+        self.ticks = 0
+        """Render ticks run (tests wait on it)."""
+
+    # -- layout ------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(id="status")
+        with Horizontal(id="targets"):
+            for h in self.handles:
+                col = TargetColumn(h.index, id=f"target-{h.index}")
+                col.set_class(h.index > 0, "-follow")
+                yield col
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self._event_loop = asyncio.get_running_loop()
+        self._columns = list(self.query(TargetColumn))
+        self._status_bar = self.query_one(StatusBar)
+        for h in self.handles:
+            self.run_worker(
+                partial(self._ingest, h),
+                name=f"ingest {h.target}",
+                group=f"ingest-{h.index}",
+                thread=True,
+                exclusive=True,
+                exit_on_error=False,
+            )
+        self.set_interval(1.0 / self.refresh_hz, self.render_tick)
+        self.render_tick()
+
+    # -- ingest (worker thread) ---------------------------------------------------------------
+
+    def _connect(self, h: TargetHandle) -> Session | None:
+        """Open the target's session in the worker; on failure post why and maybe retry."""
+        try:
+            if h.adapter is None:
+                h.adapter = adapter_for(h.target, **self.adapter_options)
+            return h.adapter.connect()
+        except AdapterError as exc:
+            retry = getattr(h.adapter, "session", None)
+            if self.wait and h.adapter is not None and h.adapter.SUPPORTS_RECONNECT and callable(retry):
+                self.post_message(
+                    RecordsBatch(h.index, [SessionEvent(state="reconnecting", detail=str(exc))])
+                )
+                s: Session = retry()
+                return s
+            self.post_message(RecordsBatch(h.index, [SessionEvent(state="error", detail=str(exc))]))
+            return None
+
+    def _ingest(self, h: TargetHandle) -> None:
+        """Read one target's session and post one message per ~100 ms batch."""
+        worker = get_current_worker()
+        session = h.session
+        if session is None:
+            session = self._connect(h)
+            if session is None:
+                return
+            h.session = session
+        pending: list[Record] = []
+        next_flush = time.monotonic() + BATCH_S
+        while not worker.is_cancelled:
+            now = time.monotonic()
+            # never a zero timeout: a reconnecting session would spin
+            recs = session.read(max(0.01, min(READ_S, next_flush - now)))
+            if recs:
+                pending.extend(recs)
+            now = time.monotonic()
+            ended = session.ended
+            if pending and (now >= next_flush or ended):
+                if not self._deliver(h, pending, worker):
+                    return
+                pending = []
+            if now >= next_flush:
+                next_flush += BATCH_S
+                if next_flush < now:
+                    next_flush = now + BATCH_S
+            if ended:
+                return
+
+    def _deliver(self, h: TargetHandle, recs: list[Record], worker: Worker[Any]) -> bool:
+        with h.rec_lock:
+            if h.recorder is not None:
+                try:
+                    h.recorder.write(recs)
+                    now = time.monotonic()
+                    if now - h.last_flush >= FLUSH_S:
+                        h.recorder.flush()
+                        h.last_flush = now
+                except RecordingError as exc:
+                    h.recorder.close()
+                    h.recorder = None
+                    self.post_message(TargetProblem(h.index, f"recording stopped: {exc}"))
+        while not h.inflight.acquire(timeout=0.1):
+            if worker.is_cancelled:
+                return False
+        h.posted += 1
+        self.post_message(RecordsBatch(h.index, recs, slot=True))
+        return True
+
+    # -- messages (UI thread) -----------------------------------------------------------------
+
+    def on_records_batch(self, message: RecordsBatch) -> None:
+        h = self.handles[message.index]
+        try:
+            h.stats.add(message.records)
+        finally:
+            if message.slot:
+                h.handled += 1
+                h.inflight.release()
+        h.dirty = True
+        if self.display_paused:
+            self.paused_records += len(message.records)
+
+    def on_capture_requested(self, message: CaptureRequested) -> None:
+        h = self.handles[message.index]
+        if message.capture_id not in h.stats.captures:  # the engine's reply may be in first
+            h.stats.note_capture_request(
+                message.capture_id, message.mode, message.steps, time.perf_counter_ns()
+            )
+        h.dirty = True
+
+    def on_target_problem(self, message: TargetProblem) -> None:
+        h = self.handles[message.index]
+        self.notify(message.text, title=h.target, severity=message.severity, timeout=8)
+        h.dirty = True
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The one place worker errors end: a notification, and the target marked."""
+        if event.state != WorkerState.ERROR:
+            return
+        worker = event.worker
+        err = worker.error
+        text = f"{type(err).__name__}: {err}" if err is not None else "unknown error"
+        self.notify(text, title=f"{worker.name} failed", severity="error", timeout=15)
+        if worker.group.startswith("ingest-"):
+            h = self.handles[int(worker.group.split("-", 1)[1])]
+            h.stats.state = "error"
+            h.stats.state_detail = f"reading this target failed: {text}"
+            h.dirty = True
+
+    # -- render tick -------------------------------------------------------------------------
+
+    def render_tick(self) -> None:
+        """Recompute each changed target's window and repaint its panels (one batch)."""
+        now = time.monotonic()
+        self.ticks += 1
+        self._check_child(now)
+        for h in self.handles:
+            self._notice(h, now)
+        bar = self._status_bar
+        if bar is None or not bar.is_attached:  # not composed yet, or shutting down
+            return
+        with self.batch_update():
+            bar.show(self._status())
+            if self.display_paused:
+                return
+            for h, col in zip(self.handles, self._columns, strict=False):
+                busy = any(c.state in ("armed", "capturing", "exporting") for c in h.stats.captures.values())
+                if not (h.dirty or busy):
+                    continue
+                h.dirty = False
+                col.show(self._panel_context(h, now))
+
+    def _panel_context(self, h: TargetHandle, now: float) -> PanelContext:
+        st = h.stats
+        return PanelContext(
+            target=h.target,
+            stats=st,
+            window=st.window(self.window_s, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms),
+            window_s=self.window_s,
+            timeline_s=self.timeline_s,
+            slo_ttft_ms=self.slo_ttft_ms,
+            slo_tpot_ms=self.slo_tpot_ms,
+            capture_steps=self.capture_steps,
+            live=h.live,
+            supports_capture=h.supports_capture,
+            note=h.note,
+            mono_now=now,
+            exporting_seen=h.exporting_seen,
+            recording=h.recording_path,
+            replay=h.replay_text(),
+            waiting_text=h.spec.waiting_text,
+        )
+
+    def _status(self) -> StatusInfo:
+        replays = [t for t in (h.replay_text() for h in self.handles) if t]
+        active = []
+        for h in self.handles:
+            for c in h.stats.captures.values():
+                if c.state == "capturing":
+                    active.append(f"{c.mode} {c.steps_done}/{c.steps}")
+                elif c.state in ("armed", "exporting"):
+                    active.append(f"{c.mode} {c.state}")
+        return StatusInfo(
+            mode=replays[0] if replays and len(replays) == len(self.handles) else "live",
+            targets=len(self.handles),
+            window_s=self.window_s,
+            refresh_hz=self.refresh_hz,
+            capture_steps=self.capture_steps,
+            paused=self.display_paused,
+            paused_records=self.paused_records,
+            recording=sum(1 for h in self.handles if h.recorder is not None),
+            captures_active=" ".join(active[:3]),
+        )
+
+    def _notice(self, h: TargetHandle, now: float) -> None:
+        """Notifications for connection changes and finished captures (live targets)."""
+        st = h.stats
+        if st.state != h.last_state:
+            prev, h.last_state = h.last_state, st.state
+            h.dirty = True
+            if h.live and st.state in ("reconnecting", "ended", "error") and prev != st.state:
+                sev: SeverityLevel = "error" if st.state == "error" else "warning"
+                self.notify(
+                    st.state_detail or st.state, title=f"{h.target}: {st.state}", severity=sev, timeout=6
+                )
+            elif h.live and st.state == "connected" and prev == "reconnecting":
+                self.notify(st.state_detail or "connected", title=f"{h.target}: connected again", timeout=4)
+        for cid, c in st.captures.items():
+            if h.capture_seen.get(cid) == c.state:
+                continue
+            h.capture_seen[cid] = c.state
+            h.dirty = True
+            if c.state == "exporting":
+                h.exporting_seen.setdefault(cid, now)
+            if not h.live:
+                continue
+            if c.state == "saved":
+                self.notify(
+                    f"{c.mode}, {c.steps_done}/{c.steps} steps → {c.bundle}", title="capture saved", timeout=8
+                )
+            elif c.state in ("failed", "refused"):
+                self.notify(c.error or c.state, title=f"capture {c.state}", severity="error", timeout=10)
+
+    def _check_child(self, now: float) -> None:
+        if self.child_check is None or self.child_problem is not None or now - self._last_child_check < 1.0:
+            return
+        self._last_child_check = now
+        problem = self.child_check()
+        if problem:
+            self.child_problem = problem
+            self.notify(problem, title="engine process", severity="error", timeout=30)
+
+    def force_render(self) -> None:
+        """Mark every target changed and run a tick now (tests, resume from pause)."""
+        for h in self.handles:
+            h.dirty = True
+        self.render_tick()
+
+    # -- actions -----------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("replay_pause", "replay_speed"):
+            return any(not h.live for h in self.handles)
+        if action == "toggle_record":
+            return any(h.live for h in self.handles)
+        return True
+
+    def action_capture(self, mode: str) -> None:
+        """Ask every capable, connected target for a capture of N steps in ``mode``."""
+        asked = 0
+        skipped: list[str] = []
+        for h in self.handles:
+            if not h.live or not h.supports_capture:
+                skipped.append(
+                    f"{h.target} (recording)" if not h.live else f"{h.target} (adapter cannot capture)"
+                )
+                continue
+            if h.session is None or h.stats.state != "connected":
+                skipped.append(f"{h.target} ({h.stats.state})")
+                continue
+            asked += 1
+            self.run_worker(
+                partial(self._request_capture, h, mode, self.capture_steps),
+                name=f"capture {h.target}",
+                group=f"capture-{h.index}",
+                thread=True,
+                exit_on_error=False,
+            )
+        if asked:
+            where = f"{asked} target{'s' if asked > 1 else ''}"
+            self.notify(f"{mode} capture of {self.capture_steps} steps requested on {where}", timeout=3)
+        if skipped:
+            self.notify("not captured: " + ", ".join(skipped), severity="warning", timeout=5)
+
+    def _request_capture(self, h: TargetHandle, mode: str, steps: int) -> None:
+        session = h.session
+        if session is None:
+            return
+        try:
+            cid = session.request_capture(steps, mode)
+        except AdapterError as exc:
+            self.post_message(TargetProblem(h.index, f"capture not requested: {exc}"))
+            return
+        self.post_message(CaptureRequested(h.index, cid, mode, steps))
+
+    def action_halve_steps(self) -> None:
+        """Halve the capture length N."""
+        self.capture_steps = max(1, self.capture_steps // 2)
+        self.force_render()
+
+    def action_double_steps(self) -> None:
+        """Double the capture length N."""
+        self.capture_steps = min(MAX_CAPTURE_STEPS, self.capture_steps * 2)
+        self.force_render()
+
+    def action_toggle_pause(self) -> None:
+        """Pause or resume the display (data keeps arriving)."""
+        self.display_paused = not self.display_paused
+        self.paused_records = 0
+        self.force_render()
+
+    def action_toggle_record(self) -> None:
+        """Start or stop recording each live target's stream to a file."""
+        live = [h for h in self.handles if h.live]
+        if not live:
+            self.notify("recordings are made of live targets; this is a replay", severity="warning")
+            return
+        if any(h.recorder is not None for h in live):
+            for h in live:
+                self._stop_recording(h)
+            self.force_render()
+            return
+        for h in live:
+            hello = h.stats.hello
+            if hello is None:
+                self.notify("not connected yet: nothing to record", title=h.target, severity="warning")
+                continue
+            path = self._recording_path(h)
+            try:
+                w = RecordingWriter(path, target=h.target)
+                first: list[Record] = [hello]
+                if list(hello.stage_names) != h.stats.stage_names:
+                    first.append(StageTable(stage_names=list(h.stats.stage_names)))
+                w.write(first)
+            except RecordingError as exc:
+                self.notify(str(exc), title="cannot record", severity="error")
+                continue
+            with h.rec_lock:
+                h.recorder = w
+                h.recording_path = path
+                h.last_flush = time.monotonic()
+            self.notify(f"recording to {path}", title=h.target, timeout=4)
+        self.force_render()
+
+    def _recording_path(self, h: TargetHandle) -> str:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        base = os.path.join(self.record_dir, f"rltperf-{_slug(h.target)}-{stamp}")
+        path, k = base + ".rltrec", 2
+        while os.path.exists(path):
+            path, k = f"{base}-{k}.rltrec", k + 1
+        return path
+
+    def _stop_recording(self, h: TargetHandle) -> None:
+        with h.rec_lock:
+            w, h.recorder = h.recorder, None
+            path, h.recording_path = h.recording_path, None
+        if w is not None:
+            w.close()
+            self.notify(f"{w.records:,} records saved to {path}", title="recording stopped", timeout=6)
+
+    def action_replay_pause(self) -> None:
+        """Play or pause every replayed recording."""
+        for h in self.handles:
+            toggle = getattr(h.session, "toggle_pause", None)
+            if not h.live and callable(toggle):
+                toggle()
+        self.force_render()
+
+    def action_replay_speed(self, factor: float) -> None:
+        """Multiply the replay speed by ``factor`` (0 = as fast as read stays 0)."""
+        for h in self.handles:
+            s = h.session
+            set_speed = getattr(s, "set_speed", None)
+            if h.live or not callable(set_speed):
+                continue
+            speed = float(getattr(s, "speed", 1.0))
+            if speed > 0:
+                set_speed(min(256.0, max(1 / 64, speed * factor)))
+        self.force_render()
+
+    def action_help(self) -> None:
+        """Show what every panel and number means."""
+        from rltperf_tui.screens.help import HelpScreen
+
+        self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        """Stop recordings and leave."""
+        self.exit(0)
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Capture ops-only", f"profile N={self.capture_steps} steps, ops only (c)",
+                            partial(self.action_capture, "ops"))  # fmt: skip
+        yield SystemCommand("Capture full", f"profile N={self.capture_steps} steps with shapes, memory, stacks (f)",
+                            partial(self.action_capture, "full"))  # fmt: skip
+        yield SystemCommand("Halve capture length", "N / 2 ([)", self.action_halve_steps)
+        yield SystemCommand("Double capture length", "N x 2 (])", self.action_double_steps)
+        yield SystemCommand(
+            "Pause display", "freeze the screen; data still arrives (space)", self.action_toggle_pause
+        )
+        if any(h.live for h in self.handles):
+            yield SystemCommand(
+                "Record stream", "start/stop recording to .rltrec files (r)", self.action_toggle_record
+            )
+        if any(not h.live for h in self.handles):
+            yield SystemCommand(
+                "Replay play/pause", "pause or resume the recording (p)", self.action_replay_pause
+            )
+            yield SystemCommand(
+                "Replay faster", "double the replay speed (+)", partial(self.action_replay_speed, 2.0)
+            )
+            yield SystemCommand(
+                "Replay slower", "halve the replay speed (-)", partial(self.action_replay_speed, 0.5)
+            )
+        yield SystemCommand("Help", "what every panel and number means (?)", self.action_help)
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    def request_exit(self, code: int = 0) -> bool:
+        """Ask the app to exit from a signal handler or another thread; False if it is
+        not running (the caller then exits by itself)."""
+        loop = self._event_loop
+        if loop is None or loop.is_closed():
+            return False
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self.exit, code)
+            return True
+        return False
+
+    def on_unmount(self) -> None:
+        self.close_all()
+
+    def close_all(self) -> None:
+        """Stop recordings, cancel workers and close sessions (idempotent)."""
+        for h in self.handles:
+            with h.rec_lock:
+                w, h.recorder = h.recorder, None
+            if w is not None:
+                w.close()
+        self.workers.cancel_all()
+        for h in self.handles:
+            if h.session is not None:
+                try:
+                    h.session.close()
+                except Exception:
+                    pass

@@ -1,0 +1,314 @@
+"""``rltperf bench ingest``: what the monitor costs.
+
+1. ``records_per_s``: records decoded from frames (``FrameReader``) and aggregated
+   (``TargetStats.add``) per second on one core, over a synthetic stream shaped like a
+   looped engine's (nine stages, four loop depths, KV per depth, speculation; one
+   request record per eight steps, a device sample and probe stats per thousand),
+   fed in 256 KiB chunks as a socket read delivers them.  Goal >= 200 000.
+2. ``tui_cpu_fraction``: the monitor (``MonitorApp`` at its default 2 Hz refresh, in a
+   real pseudo-terminal of 120x40) attached to the test loop engine paced at 1 000
+   steps/s: the monitor process's CPU time over wall time (1.0 = one core).  Goal
+   <= 0.05.  Also its RSS at the start and the end (``--duration 600`` for the
+   ten-minute figure) and the records it received.
+
+For profiling, ``$RLTPERF_BENCH_CHILD`` replaces the monitor child's script (it gets the
+target, an output JSON path and the refresh rate as arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HELP = "monitor cost: records decoded+aggregated per second, monitor CPU at 1000 steps/s"
+DESCRIPTION = __doc__ or HELP
+
+ROOT = Path(__file__).resolve().parents[2]
+LOOP_ENGINE = ROOT / "tests" / "loop_engine.py"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--records", type=int, default=300_000, help="records for the decode+aggregate rate (default 300000)"
+    )
+    p.add_argument("--duration", type=float, default=30.0, metavar="S",
+                   help="seconds the monitor is measured while attached (default 30; 600 for the RSS figure)")  # fmt: skip
+    p.add_argument("--rate", type=float, default=1000.0, help="engine steps per second (default 1000)")
+    p.add_argument("--refresh", type=float, default=2.0, help="monitor refresh rate, Hz (default 2)")
+    p.add_argument("--skip-tui", action="store_true", help="only the decode+aggregate rate")
+
+
+# --------------------------------------------------------------------------- decode + aggregate
+
+
+def synthetic_stream(n: int, seed: int = 1) -> tuple[bytes, int]:
+    """Frames of ``n`` records shaped like a looped engine's stream, and the step count."""
+    from engine_adapters.records import (
+        STANDARD_STAGES,
+        DeviceSample,
+        EngineInfo,
+        Hello,
+        RequestRecord,
+        Stats,
+        StepRecord,
+    )
+    from engine_adapters.wire import FrameEncoder
+
+    rng = random.Random(seed)
+    enc = FrameEncoder()
+    hello = Hello(schema=1, engine=EngineInfo(name="bench", max_loops=4), stage_names=list(STANDARD_STAGES))
+    recs: list[Any] = [hello]
+    t = 1_000_000_000
+    steps = 0
+    while len(recs) < n:
+        dur = 900_000 + rng.randrange(200_000)
+        stages = [rng.randrange(10_000, 300_000) for _ in range(9)]
+        exits = [rng.randrange(8) for _ in range(4)]
+        recs.append(
+            StepRecord(
+                step_id=steps, start_ns=t, end_ns=t + dur, kind="decode", stage_ns=stages, batch=16, tokens=16,
+                busy_ns=dur // 2, bytes_read=50_000_000, bytes_written=100_000, flops=8e8, out_tokens=16,
+                exit_hist=exits, loop_ns=[dur // 8] * 4, loop_tokens=[16, 12, 8, 4], kv_used=1200, kv_total=4096,
+                kv_per_depth=[400, 350, 250, 200], waiting=3, running=16, spec_drafts=16, spec_drafted=48,
+                spec_accepted=rng.randrange(48),
+            )
+        )  # fmt: skip
+        steps += 1
+        t += dur + 20_000
+        if steps % 8 == 0:
+            recs.append(RequestRecord(req_id=str(steps), arrival_ns=t - 50_000_000, finish_ns=t,
+                                      first_token_ns=t - 40_000_000, prompt_tokens=128, output_tokens=40))  # fmt: skip
+        if steps % 1000 == 0:
+            recs.append(DeviceSample(ts_ns=t, proc_cpu=1.0, proc_rss=1 << 30, host_cpu=[0.5, 0.5]))
+            recs.append(Stats(ts_ns=t, steps_total=steps))
+    return enc.encode_many(recs[:n]), steps
+
+
+def decode_aggregate_rate(n: int) -> dict[str, Any]:
+    """Records/s of FrameReader.feed + TargetStats.add, and of each alone (one thread)."""
+    from engine_adapters.wire import FrameReader
+    from rltperf_tui.aggregator import TargetStats
+
+    data, steps = synthetic_stream(n)
+    chunk = 1 << 18
+    mv = memoryview(data)
+
+    # CPU time of this thread, not wall time: on a shared machine other processes take the
+    # core away part of the time, and "per second on one core" means per CPU second.
+    clock = time.thread_time
+
+    def run(aggregate: bool) -> tuple[float, float]:
+        reader = FrameReader()
+        stats = TargetStats()
+        w0, t0 = time.perf_counter(), clock()
+        for off in range(0, len(data), chunk):
+            recs = reader.feed(mv[off : off + chunk])
+            if aggregate:
+                stats.add(recs)
+        return clock() - t0, time.perf_counter() - w0
+
+    run(True)  # warm
+    totals = [run(True) for _ in range(3)]
+    best_total = min(t for t, _ in totals)
+    best_total_wall = min(w for _, w in totals)
+    best_decode = min(run(False)[0] for _ in range(3))
+    # aggregate alone: records already decoded, in the same chunks
+    reader = FrameReader()
+    chunks = [reader.feed(mv[off : off + chunk]) for off in range(0, len(data), chunk)]
+    best_agg = float("inf")
+    for _ in range(3):
+        stats = TargetStats()
+        t0 = clock()
+        for c in chunks:
+            stats.add(c)
+        best_agg = min(best_agg, clock() - t0)
+    # sanity: the aggregate saw every step
+    assert stats.last_step_id == steps - 1, (stats.last_step_id, steps)
+    return {
+        "records": n,
+        "bytes": len(data),
+        "records_per_s": round(n / best_total),
+        "records_per_wall_s": round(n / best_total_wall),
+        "decode_records_per_s": round(n / best_decode),
+        "aggregate_records_per_s": round(n / best_agg),
+    }
+
+
+# --------------------------------------------------------------------------- the monitor at 1000 steps/s
+
+_CHILD = r"""
+import json, sys
+from rltperf_tui.app import MonitorApp
+target, out, refresh = sys.argv[1], sys.argv[2], float(sys.argv[3])
+app = MonitorApp([target], refresh_hz=refresh)
+try:
+    app.run()
+finally:
+    h = app.handles[0]
+    with open(out, "w") as f:
+        json.dump({"records": h.stats.records, "steps": int(h.stats.steps.n), "dropped": h.stats.dropped,
+                   "ticks": app.ticks, "state": h.stats.state}, f)
+"""
+
+
+def tui_cost(duration: float, rate: float, refresh: float) -> dict[str, Any]:
+    """CPU fraction and RSS of the monitor process attached to a paced engine."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    import psutil
+
+    from engine_adapters.wire import parse_hostport
+
+    snaps = tempfile.mkdtemp(prefix="rltperf-bench-ingest-")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    eng = subprocess.Popen(
+        [sys.executable, str(LOOP_ENGINE), "--duration", str(duration + 60), "--rate", str(rate), "--no-warm",
+         "--snapshots", snaps],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+    child: subprocess.Popen[bytes] | None = None
+    master = -1
+    try:
+        assert eng.stdout is not None
+        addr = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not addr:
+            line = eng.stdout.readline()
+            if line.startswith("ADDRESS "):
+                addr = line.split()[1]
+            elif not line and eng.poll() is not None:
+                break
+        if not addr:
+            raise RuntimeError("the loop engine did not start")
+        parse_hostport(addr)
+        out = os.path.join(snaps, "tui.json")
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        cenv = dict(env, TERM="xterm-256color", COLUMNS="120", LINES="40")
+        child = subprocess.Popen(
+            [sys.executable, "-c", os.environ.get("RLTPERF_BENCH_CHILD") or _CHILD, f"tcp://{addr}", out, str(refresh)],
+            stdin=slave, stdout=slave, stderr=slave, env=cenv, start_new_session=True,
+        )  # fmt: skip
+        os.close(slave)
+        drained = [0]
+        tail = bytearray()
+
+        def drain() -> None:
+            while True:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                drained[0] += len(data)
+                tail.extend(data)
+                del tail[:-4096]
+
+        threading.Thread(target=drain, daemon=True).start()
+        proc = psutil.Process(child.pid)
+        time.sleep(5.0)  # start-up (imports, first connect) is not the steady state
+        rss0 = proc.memory_info().rss
+        c0 = proc.cpu_times()
+        e0 = psutil.Process(eng.pid).cpu_times()
+        t0 = time.monotonic()
+        rss_samples = []
+        while time.monotonic() - t0 < duration:
+            time.sleep(min(5.0, duration - (time.monotonic() - t0)) if duration > 5 else duration)
+            rss_samples.append(proc.memory_info().rss)
+        wall = time.monotonic() - t0
+        c1 = proc.cpu_times()
+        e1 = psutil.Process(eng.pid).cpu_times()
+        rss1 = proc.memory_info().rss
+        os.write(master, b"q")
+        child.wait(30)
+        try:
+            with open(out) as f:
+                seen = json.load(f)
+        except OSError:
+            text = tail.decode("utf-8", "replace")
+            raise RuntimeError(
+                f"the monitor process wrote no figures; its terminal ended with:\n{text}"
+            ) from None
+        cpu = (c1.user - c0.user) + (c1.system - c0.system)
+        ecpu = (e1.user - e0.user) + (e1.system - e0.system)
+        return {
+            "tui_cpu_fraction": round(cpu / wall, 4),
+            "engine_cpu_fraction": round(ecpu / wall, 3),
+            "measured_s": round(wall, 1),
+            "engine_rate_steps_per_s": rate,
+            "tui_steps_received": seen["steps"],
+            "tui_records_received": seen["records"],
+            "tui_dropped": seen["dropped"],
+            "tui_ticks": seen["ticks"],
+            "tui_rss_mb_start": round(rss0 / 2**20, 1),
+            "tui_rss_mb_end": round(rss1 / 2**20, 1),
+            "tui_rss_mb_max": round(max([*rss_samples, rss1]) / 2**20, 1),
+            "refresh_hz": refresh,
+            "terminal_bytes_written": drained[0],
+        }
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait(10)
+        if master >= 0:
+            try:
+                os.close(master)
+            except OSError:
+                pass
+        eng.terminate()
+        try:
+            eng.wait(15)
+        except subprocess.TimeoutExpired:
+            eng.kill()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    res: dict[str, Any] = {"decode_aggregate": decode_aggregate_rate(max(10_000, args.records))}
+    res["records_per_s"] = res["decode_aggregate"]["records_per_s"]
+    ok = res["records_per_s"] >= 200_000
+    if not args.skip_tui:
+        tui = tui_cost(args.duration, args.rate, args.refresh)
+        res["tui"] = tui
+        res["tui_cpu_fraction"] = tui["tui_cpu_fraction"]
+        ok = ok and tui["tui_cpu_fraction"] <= 0.05
+    res["targets"] = {"records_per_s": ">= 200000", "tui_cpu_fraction": "<= 0.05"}
+    res["ok"] = ok
+    return res
+
+
+def print_text(r: dict[str, Any]) -> None:
+    d = r["decode_aggregate"]
+    print(
+        f"decode + aggregate, one thread, {d['records']:,} records ({d['bytes'] / 2**20:.1f} MiB of frames):"
+    )
+    print(f"  {d['records_per_s']:,} records per CPU second (target >= 200,000); "
+          f"{d['records_per_wall_s']:,} per wall second on this machine")  # fmt: skip
+    print(
+        f"  decode alone {d['decode_records_per_s']:,}/s, aggregate alone {d['aggregate_records_per_s']:,}/s"
+    )
+    t = r.get("tui")
+    if t:
+        print(f"monitor attached to the loop engine at {t['engine_rate_steps_per_s']:g} steps/s, "
+              f"{t['refresh_hz']:g} Hz refresh, 120x40 pty, {t['measured_s']:.0f} s:")  # fmt: skip
+        print(
+            f"  CPU {t['tui_cpu_fraction']:.3f} of one core (target <= 0.05); engine used {t['engine_cpu_fraction']:.2f}"
+        )
+        print(f"  received {t['tui_steps_received']:,} steps ({t['tui_records_received']:,} records), "
+              f"dropped {t['tui_dropped']}, {t['tui_ticks']} render ticks")  # fmt: skip
+        print(f"  RSS {t['tui_rss_mb_start']:.1f} MiB after start-up, {t['tui_rss_mb_end']:.1f} MiB at the end "
+              f"(max {t['tui_rss_mb_max']:.1f})")  # fmt: skip
+    print("OK" if r["ok"] else "TARGET MISSED")

@@ -1,0 +1,155 @@
+"""``rltperf attach TARGET [TARGET ...]``: the live monitor."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from rltperf_tui.commands.common import add_target_options, target_options
+
+HELP = "the live monitor: attach to running engines (tcp://, vllm+http://) or recordings"
+DESCRIPTION = """\
+Open the live monitor on one or more targets, one column each, side by side (a
+prefill and a decode instance, several ranks):
+
+  tcp://HOST:PORT        an engine with the rltperf probe (reference engine, vLLM plugin, yours)
+  vllm+http://HOST:PORT  a vLLM server (its /metrics and profiler endpoints)
+  FILE.rltrec            a recording (same screen; see also `rltperf replay`)
+
+Panels: step time by stage, latency percentiles (of pooled samples), device idle
+fraction and idle gaps, bandwidth utilisation against the roofline, loop depths and
+speculation, queue and KV, captures.  Keys: c / f capture ops-only / full on every
+target, [ ] halve / double the capture length N, space pause the display, r record
+the streams, ? explain every number, q quit.
+
+A target that cannot be reached is reported and the command exits, unless --wait is
+given: then its column shows "waiting" and it is retried until it answers.  A target
+that goes away later shows "reconnecting" and resumes by itself."""
+
+
+def add_monitor_options(p: argparse.ArgumentParser) -> None:
+    """Options every monitor command (attach, demo, replay) shares."""
+    g = p.add_argument_group("monitor")
+    g.add_argument("--window", type=float, default=10.0, metavar="S",
+                   help="statistics window in seconds of data time (default 10)")  # fmt: skip
+    g.add_argument("--timeline", type=float, default=30.0, metavar="S",
+                   help="span of the step-time chart, seconds (default 30)")  # fmt: skip
+    g.add_argument("--refresh", type=float, default=2.0, metavar="HZ",
+                   help="screen refreshes per second (default 2)")  # fmt: skip
+    g.add_argument("--steps", type=int, default=8, metavar="N", help="capture length N for c / f (default 8)")
+    g.add_argument("--slo-ttft-ms", type=float, default=None, metavar="MS", help="TTFT SLO for goodput")
+    g.add_argument("--slo-tpot-ms", type=float, default=None, metavar="MS", help="TPOT SLO for goodput")
+    g.add_argument("--peak-gbps", type=float, default=None, metavar="GB/S",
+                   help="peak memory bandwidth for MBU (overrides the engine's calibration)")  # fmt: skip
+    g.add_argument(
+        "--peak-gflops", type=float, default=None, metavar="GFLOP/S", help="peak FLOP/s for the roofline"
+    )
+    g.add_argument("--history", type=int, default=32768, metavar="STEPS",
+                   help="step records kept per target (memory is bounded by this; default 32768)")  # fmt: skip
+    g.add_argument("--record-dir", default=".", metavar="DIR", help="where `r` writes recordings (default .)")
+
+
+def check_monitor_options(args: argparse.Namespace, prog: str) -> str | None:
+    """A sentence about the first bad option value, or None."""
+    if args.window <= 0 or args.timeline <= 0:
+        return "--window and --timeline must be positive"
+    if args.refresh <= 0 or args.refresh > 30:
+        return "--refresh must be between 0 and 30 Hz"
+    if args.steps < 1:
+        return "--steps must be at least 1"
+    for name in ("slo_ttft_ms", "slo_tpot_ms", "peak_gbps", "peak_gflops"):
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            return f"--{name.replace('_', '-')} must be positive"
+    if args.history < 1024:
+        return "--history must be at least 1024 steps"
+    return None
+
+
+def monitor_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``MonitorApp`` keyword arguments from the shared options."""
+    return {
+        "window_s": args.window,
+        "timeline_s": args.timeline,
+        "refresh_hz": args.refresh,
+        "capture_steps": args.steps,
+        "slo_ttft_ms": args.slo_ttft_ms,
+        "slo_tpot_ms": args.slo_tpot_ms,
+        "peak_gbps": args.peak_gbps,
+        "peak_gflops": args.peak_gflops,
+        "history_steps": args.history,
+        "record_dir": args.record_dir,
+    }
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "targets", nargs="+", metavar="TARGET", help="tcp://HOST:PORT, vllm+http://HOST:PORT or a recording"
+    )
+    p.add_argument("--wait", action="store_true",
+                   help="do not exit when a target cannot be reached: show it as waiting and keep retrying")  # fmt: skip
+    add_monitor_options(p)
+    add_target_options(p)
+
+
+def open_targets(targets: list[str], options: dict[str, Any], wait: bool, prog: str) -> list[Any] | None:
+    """Connect to every target before the screen opens, so a wrong address is a clear
+    message on the terminal.  Returns ``TargetSpec``s, or None after printing why."""
+    from engine_adapters.base import AdapterError
+    from engine_adapters.registry import adapter_for
+    from rltperf_tui.app import TargetSpec
+
+    specs: list[TargetSpec] = []
+    failed: list[str] = []
+    for t in targets:
+        try:
+            adapter = adapter_for(t, **options)
+        except AdapterError as exc:
+            failed.append(str(exc))
+            continue
+        try:
+            session = adapter.connect()
+        except AdapterError as exc:
+            if wait and adapter.SUPPORTS_RECONNECT:
+                specs.append(TargetSpec(target=t, adapter=adapter))
+                continue
+            failed.append(f"{t}: {exc}")
+            continue
+        specs.append(TargetSpec(target=t, adapter=adapter, session=session))
+    if failed:
+        for s in specs:
+            if s.session is not None:
+                s.session.close()
+        for msg in failed:
+            print(f"rltperf {prog}: cannot attach: {msg}", file=sys.stderr)
+        if not wait:
+            print(f"rltperf {prog}: (--wait keeps retrying a live target until it answers)", file=sys.stderr)
+        return None
+    return specs
+
+
+def run_monitor(specs: list[Any], args: argparse.Namespace, **extra: Any) -> int:
+    """Run the monitor app over ``specs``; returns the exit status."""
+    from rltperf_tui.app import MonitorApp
+
+    app = MonitorApp(specs, **monitor_kwargs(args), **extra)
+    try:
+        app.run()
+    finally:
+        app.close_all()
+    if app.return_code not in (0, None):
+        return int(app.return_code or 1)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    bad = check_monitor_options(args, "attach")
+    if bad:
+        print(f"rltperf attach: error: {bad}", file=sys.stderr)
+        return 2
+    opts = target_options(args)
+    specs = open_targets(list(args.targets), opts, args.wait, "attach")
+    if specs is None:
+        return 1
+    return run_monitor(specs, args, adapter_options=opts, wait=True)

@@ -1,0 +1,244 @@
+"""``rltperf demo``: the reference engine as a child process, and the monitor on it.
+
+The child must never outlive the monitor:
+
+- it runs in its own session / process group (``start_new_session``), so stopping it
+  is one ``killpg`` and a Ctrl-C typed at a shell does not half-kill it;
+- on Linux it asks the kernel (``prctl(PR_SET_PDEATHSIG, SIGKILL)`` through ctypes,
+  in ``preexec_fn``) to be killed when the thread that started it dies — so even a
+  SIGKILL of the monitor takes it along.  The child is started from the main thread,
+  which lives as long as the monitor;
+- the normal paths (quit, a UI crash, SIGTERM / SIGHUP / SIGINT, interpreter exit)
+  all end in ``EngineChild.stop()``: SIGTERM to the group, a grace period, SIGKILL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import importlib.util
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rltperf_tui.commands.attach import add_monitor_options, check_monitor_options, monitor_kwargs
+
+HELP = "start here: the reference engine on this machine's CPU, watched live"
+DESCRIPTION = """\
+Start the reference looped-transformer engine (tiny preset, CPU, a steady workload
+with bursts) as a child process, attach the live monitor to it, and stop the engine
+when you quit (also on Ctrl-C, a closed terminal or a crash of the monitor).  Captures
+(c / f) land in ./snapshots.  The engine's output goes to a log file, named in the
+header; the weights are random, so exit depths and acceptance rates are illustrative
+only: the screen says so."""
+
+GRACE_S = 5.0
+"""Seconds the engine gets to stop after SIGTERM before SIGKILL."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--preset", default="tiny", help="reference engine model preset (default tiny)")
+    g.add_argument("--device", default="cpu", help="device for the engine (default cpu)")
+    g.add_argument(
+        "--workload", default="steady-bursts", help="load generator workload (default steady-bursts)"
+    )
+    g.add_argument("--port", type=int, default=0, help="probe port on 127.0.0.1 (default: a free one)")
+    g.add_argument(
+        "--snapshots",
+        default="./snapshots",
+        metavar="DIR",
+        help="capture output folder (default ./snapshots)",
+    )
+    g.add_argument("--log", default=None, metavar="FILE",
+                   help="engine output log (default: rltperf-demo-<pid>.log in the temp folder)")  # fmt: skip
+    g.add_argument(
+        "--engine-cmd",
+        default=None,
+        metavar="CMD",
+        help="run CMD instead of the reference engine ({listen} and {snapshots} are filled in); "
+        "it must serve an rltperf probe on {listen}",
+    )
+    add_monitor_options(p)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def engine_command(args: argparse.Namespace, listen: str) -> tuple[list[str], str]:
+    """The child's command line and a note for the header."""
+    if args.engine_cmd:
+        cmd = shlex.split(args.engine_cmd.format(listen=listen, snapshots=args.snapshots))
+        return cmd, "your --engine-cmd"
+    if importlib.util.find_spec("rltperf_tui.commands.engine") is not None:
+        cmd = [sys.executable, "-m", "rltperf_tui.cli", "engine", "--preset", args.preset, "--device", args.device,
+               "--workload", args.workload, "--listen", listen, "--snapshots", args.snapshots]  # fmt: skip
+        return cmd, f"reference engine {args.preset}/{args.device}/{args.workload}"
+    # A source checkout without the reference engine: the tests' loop engine stands in.
+    loop = Path(__file__).resolve().parents[2] / "tests" / "loop_engine.py"
+    if loop.is_file():
+        cmd = [sys.executable, str(loop), "--listen", listen, "--snapshots", args.snapshots,
+               "--duration", "86400", "--rate", "200"]  # fmt: skip
+        return cmd, "tests/loop_engine.py (the reference engine is not in this build)"
+    raise SystemExit(
+        "rltperf demo: error: the reference engine (`rltperf engine`) is not part of this installation"
+    )
+
+
+def _pdeathsig_preexec(parent_pid: int) -> Any:
+    """``preexec_fn`` asking Linux to SIGKILL the child when its parent thread dies."""
+
+    def setup() -> None:
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                pr_set_pdeathsig = 1
+                libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+            except Exception:
+                pass
+            if os.getppid() != parent_pid:  # the parent died before prctl took effect
+                os._exit(1)
+
+    return setup
+
+
+class EngineChild:
+    """The engine process: started in its own group, stopped for sure."""
+
+    def __init__(self, cmd: list[str], log_path: str, cwd: str | None = None) -> None:
+        self.cmd = cmd
+        self.log_path = log_path
+        self._lock = threading.Lock()
+        self._stopped = False
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log.write(f"# rltperf demo: {shlex.join(cmd)}\n".encode())
+        self._log.flush()
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_pdeathsig_preexec(os.getpid()),
+        )
+        self.pid = self.proc.pid
+
+    def problem(self) -> str | None:
+        """A sentence when the engine has exited (with its log's last lines), else None."""
+        rc = self.proc.poll()
+        if rc is None or self._stopped:
+            return None
+        return f"the engine exited with status {rc}. Last lines of {self.log_path}:\n{self.log_tail()}"
+
+    def log_tail(self, lines: int = 6) -> str:
+        """The last lines of the engine's log."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 4096))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return "(log unreadable)"
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def stop(self, grace: float = GRACE_S) -> int | None:
+        """SIGTERM the engine's process group, wait ``grace`` s, then SIGKILL (idempotent)."""
+        with self._lock:
+            if self._stopped:
+                return self.proc.returncode
+            self._stopped = True
+        try:
+            if self.proc.poll() is None:
+                self._signal_group(signal.SIGTERM)
+                try:
+                    self.proc.wait(grace)
+                except subprocess.TimeoutExpired:
+                    pass
+            # the group too: anything the engine started goes with it
+            self._signal_group(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)
+        finally:
+            with contextlib.suppress(OSError):
+                self._log.close()
+        return self.proc.returncode
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError):
+                if self.proc.poll() is None:
+                    self.proc.send_signal(sig)
+
+
+def run(args: argparse.Namespace) -> int:
+    bad = check_monitor_options(args, "demo")
+    if bad:
+        print(f"rltperf demo: error: {bad}", file=sys.stderr)
+        return 2
+    from engine_adapters.tcp import ProbeAdapter
+    from rltperf_tui.app import MonitorApp, TargetSpec
+
+    port = args.port or free_port()
+    listen = f"127.0.0.1:{port}"
+    log_path = args.log or os.path.join(tempfile.gettempdir(), f"rltperf-demo-{os.getpid()}.log")
+    os.makedirs(args.snapshots, exist_ok=True)
+    cmd, what = engine_command(args, listen)
+    try:
+        child = EngineChild(cmd, log_path)
+    except OSError as exc:
+        print(f"rltperf demo: error: cannot start the engine ({shlex.join(cmd)}): {exc}", file=sys.stderr)
+        return 1
+    atexit.register(child.stop, 2.0)
+    app: MonitorApp | None = None
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        child.stop(2.0)
+        if app is not None and app.request_exit(128 + signum):
+            return
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    target = f"tcp://{listen}"
+    adapter = ProbeAdapter(target)
+    # not connected yet: the engine is still starting; the session connects (and retries) itself
+    spec = TargetSpec(
+        target=target,
+        adapter=adapter,
+        session=adapter.session(),
+        note=f"demo: {what}, pid {child.pid}, log {log_path}; captures → {os.path.abspath(args.snapshots)}",
+        waiting_text="starting the engine (loading torch and warming the profiler takes a few seconds)",
+    )
+    try:
+        app = MonitorApp([spec], **monitor_kwargs(args), wait=True, child_check=child.problem)
+        app.run()
+        app.close_all()
+    finally:
+        child.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+    print(f"rltperf demo: engine stopped (pid {child.pid}); its log: {log_path}", file=sys.stderr)
+    code = app.return_code if app is not None else 1
+    return int(code or 0)

@@ -1,0 +1,132 @@
+"""The ``?`` screen: what every panel and number means, and the keys."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Markdown
+
+HELP_TEXT = """\
+# rltperf — what you are looking at
+
+Every figure comes from the engine's own probe (or a recording of it).  **"Last 10 s"**
+is *data* time (the newest record's time), so a replay shows what the live screen did.
+A figure the engine does not report shows as **n/a**, never as zero.
+
+## Keys
+
+| key | action |
+|---|---|
+| `c` | capture **ops-only** (CPU + device activities) of N complete steps, on every attached target |
+| `f` | capture **full** (also shapes, memory and stacks) of N steps, on every target |
+| `[` / `]` | halve / double N (default 8; shown in the top bar and the Captures panel) |
+| `space` | pause the display; data still arrives and is counted |
+| `r` | start / stop recording each live stream to `rltperf-<target>-<time>.rltrec` |
+| `p`, `+`, `-` | replays: play/pause, faster, slower |
+| `ctrl+p` | command palette (every action above) |
+| `?` | this screen · `q` or `ctrl+c` quit |
+| `↑` `↓` `PgUp` `PgDn`, `tab` | scroll a target's column (narrow terminals stack the panels), move between targets |
+
+Profiled timings are not a baseline: steps inside a capture, its profiler warm-up or
+its export are flagged and counted in the Bandwidth panel.  Start with a small N.
+
+## Header (one per target)
+
+Target, engine name and version, model, dtype, device; loop, exit, KV and speculative
+configuration; **connection state** (connected / reconnecting / ended — a probe
+session reconnects by itself); **records dropped** (the probe's ring and this monitor's
+queue: non-zero means the monitor or network fell behind, the engine never waits);
+**RANDOM WEIGHTS** when the engine says its weights are random: then exit depths and
+acceptance rates are not real, only capacity and latency are.  The third line repeats
+the headline figures of the panels below.
+
+## Step time by stage
+
+Each column is one time bucket of the last N seconds; its height is the **mean step
+time** of the steps ending in it, stacked by stage (schedule, prepare, forward, …; the
+part no stage covers is grey "other").  The row below is the **mean gap** between
+consecutive steps (start of step k+1 - end of step k) per bucket, scaled to its own
+maximum.  The legend gives each stage's mean ms per step over the chart.
+
+## Latency
+
+**P50 / P95 / P99 of pooled samples** in the window (all samples together, not a mean
+of per-run percentiles).  Step = end - start of one step; gap as above; TTFT = first
+token - arrival; TPOT = (finish - first token) / (output tokens - 1), over requests that
+finished in the window.  Tokens/s = produced tokens / window.  **Goodput** = completed
+requests per second meeting both SLOs (`--slo-ttft-ms`, `--slo-tpot-ms`; DistServe's
+definition).  Failed requests are counted, never dropped.
+
+## Device
+
+**Idle fraction** = 1 - Σ device busy / window, from the probe's events (CUDA events
+around each device region on a GPU; the compute regions on a CPU).  It sees idle time
+between steps and between regions; idle inside a region needs a capture.  **NVML util**
+is the driver's share of each 1/6-1 s period with any kernel running: a coarse
+cross-check, not the same number.  **Idle gaps** lists gaps between consecutive steps
+longer than the threshold (max(1 ms, 5 x the median gap)), newest first, with the
+stage that grew most in the step before the gap compared with its median.
+
+## Bandwidth & roofline
+
+**Achieved** = analytic bytes (weights per loop pass + KV read + KV written) and FLOPs
+summed over the window / window.  **MBU** = achieved bytes/s / peak bandwidth; the peak
+comes from `rltperf calibrate` (a measured copy: read + write, STREAM convention), a
+spec table, or `--peak-gbps` — the panel says which.  MBU above 1 means a wrong byte
+count or peak, and is flagged, never shown silently.  **Intensity** = FLOPs / bytes
+against **machine balance** = peak FLOP/s / peak bandwidth: below it a step is
+memory-bound, above compute-bound; **host-bound** when idle exceeds 50%.  **Ceiling** =
+median over steps of max(bytes / peak BW, FLOPs / peak FLOP/s), against the measured
+median step time.
+
+## Loops & speculation
+
+Share of produced tokens by the loop depth at which they exited, mean exit depth, mean
+time and tokens per step at each depth, KV blocks per depth (newest step).
+Speculation: draft tokens proposed and accepted in the window, acceptance rate =
+accepted / drafted, mean acceptance length = 1 + accepted / drafts.
+
+## Queue & KV
+
+Waiting and running requests and KV blocks used / total from the newest step; host CPU
+(mean over cores), engine process CPU (cores) and RSS from the ~1 Hz host sample.
+
+## Captures
+
+Each capture: mode, N, state (**armed** → **capturing k/N** → **exporting** (off the
+step loop, elapsed shown) → **saved** or **failed**), steps captured, trace size,
+events, export time and the bundle folder (trace.json.gz for Perfetto, meta.json,
+ops.txt, steps.jsonl), or the error text.  A capture runs inside every attached engine
+(PD: prefill and decode each capture their own N steps).
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    """Explains every panel and number."""
+
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll {
+        width: 96%;
+        max-width: 110;
+        height: 94%;
+        border: round $accent;
+        background: $surface;
+        padding: 0 1;
+    }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,question_mark,q", "dismiss", "Close help"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Markdown(HELP_TEXT)
+
+    def on_mount(self) -> None:
+        self.query_one(VerticalScroll).focus()

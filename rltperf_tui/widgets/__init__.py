@@ -1,0 +1,1 @@
+"""Panels of the live monitor (one widget per module)."""

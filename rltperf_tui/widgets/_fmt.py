@@ -1,0 +1,185 @@
+"""Number formatting and small text builders shared by the panels.
+
+Every missing figure prints as ``n/a`` (never as zero), after nvitop's ``NA``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from textual.content import Content
+
+NA = "n/a"
+"""How an unknown figure is shown."""
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+"""Eighth blocks, index = eighths filled (0..8)."""
+
+STAGE_COLORS = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#b07aa1",
+    "#edc948",
+    "#76b7b2",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
+"""Stage colours by stage index (stable across redraws and targets)."""
+
+STAGE_GLYPHS = "█▓▒░#=+*%@"
+"""Stage fill glyphs when colour is off (NO_COLOR): stages stay distinguishable."""
+
+
+def is_num(v: float | int | None) -> bool:
+    """True for a finite number."""
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def num(v: float | int | None, fmt: str = "{:.2f}", unit: str = "") -> str:
+    """A number with a format and unit, or ``n/a``."""
+    if not is_num(v):
+        return NA
+    return fmt.format(v) + unit
+
+
+def ms(v: float | None) -> str:
+    """Milliseconds with precision that suits the size (0.012, 1.23, 12.3, 123)."""
+    if not is_num(v):
+        return NA
+    assert v is not None
+    a = abs(v)
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def pct(v: float | None, digits: int = 1) -> str:
+    """A fraction as a percentage."""
+    if not is_num(v):
+        return NA
+    assert v is not None
+    return f"{v * 100:.{digits}f}%"
+
+
+def si(v: float | None, unit: str = "", digits: int = 1) -> str:
+    """1234567 -> ``1.2 M`` (decimal prefixes)."""
+    if not is_num(v):
+        return NA
+    assert v is not None
+    for div, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.{digits}f} {p}{unit}"
+    return f"{v:.{digits}f} {unit}".rstrip() if isinstance(v, float) else f"{v} {unit}".rstrip()
+
+
+def size(v: float | None) -> str:
+    """Bytes with binary prefixes."""
+    if not is_num(v):
+        return NA
+    assert v is not None
+    for div, p in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if abs(v) >= div:
+            return f"{v / div:.1f} {p}"
+    return f"{v:.0f} B"
+
+
+def bar(frac: float | None, width: int) -> str:
+    """A horizontal bar of ``width`` cells filled to ``frac`` (eighth-cell precision)."""
+    if width <= 0:
+        return ""
+    if not is_num(frac):
+        return "·" * width
+    assert frac is not None
+    f = min(1.0, max(0.0, frac))
+    eighths = round(f * width * 8)
+    full, part = divmod(eighths, 8)
+    s = "█" * full
+    if part and full < width:
+        s += "▏▎▍▌▋▊▉"[part - 1]
+    return s + " " * (width - len(s))
+
+
+def spark(values: Sequence[float], top: float | None = None) -> str:
+    """One-row sparkline of ``values`` (NaN = blank) scaled to ``top`` (default max)."""
+    finite = [v for v in values if is_num(v)]
+    if top is None:
+        top = max(finite) if finite else 0.0
+    out = []
+    for v in values:
+        if not is_num(v):
+            out.append(" ")
+        elif top <= 0:
+            out.append(BLOCKS[1])
+        else:
+            out.append(BLOCKS[max(1, min(8, math.ceil(v / top * 8)))])
+    return "".join(out)
+
+
+Row = tuple[tuple[str, str], ...]
+"""One screen line: (text, style) parts."""
+
+
+class Lines:
+    """Builds lines of styled parts (no markup parsing of data).  Consecutive parts of
+    one style are merged, so a line is a few segments however it was built."""
+
+    def __init__(self) -> None:
+        self._lines: list[list[tuple[str, str]]] = [[]]
+
+    def add(self, text: str, style: str = "") -> Lines:
+        """Append ``text`` in ``style`` (Textual style string, theme variables allowed)."""
+        if text:
+            cur = self._lines[-1]
+            if cur and cur[-1][1] == style:
+                cur[-1] = (cur[-1][0] + text, style)
+            else:
+                cur.append((text, style))
+        return self
+
+    def nl(self) -> Lines:
+        """End the line."""
+        self._lines.append([])
+        return self
+
+    def bar(self, frac: float | None, width: int, style: str) -> Lines:
+        """Append a bar filled to ``frac`` in ``style`` on a dim track of ``width`` cells."""
+        s = bar(frac, width)
+        filled = s.rstrip(" ")
+        self.add(filled, style)
+        if len(filled) < width:
+            self.add("░" * (width - len(filled)), "$text-disabled")
+        return self
+
+    def extend(self, parts: Iterable[tuple[str, str]]) -> Lines:
+        """Append several styled parts."""
+        for t, st in parts:
+            self.add(t, st)
+        return self
+
+    def rows(self) -> list[Row]:
+        """The lines (a trailing empty line dropped)."""
+        lines = self._lines
+        if len(lines) > 1 and not lines[-1]:
+            lines = lines[:-1]
+        return [tuple(line) for line in lines]
+
+    def plain(self) -> str:
+        """The text without styles."""
+        return "\n".join("".join(t for t, _ in row) for row in self.rows())
+
+    def build(self) -> Content:
+        """The lines as one ``Content``."""
+        parts: list[tuple[str, str] | str] = []
+        for k, row in enumerate(self.rows()):
+            if k:
+                parts.append("\n")
+            parts.extend((t, st) if st else t for t, st in row)
+        return Content.assemble(*parts)

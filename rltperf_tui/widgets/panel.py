@@ -1,0 +1,171 @@
+"""The base of every panel, and the per-target context the render tick hands them.
+
+A panel keeps the newest ``PanelContext`` and draws itself from it line by line, so
+a resize redraws at the new width without new data, and an update is one ``refresh()``
+(no layout pass: panel heights are fixed in ``app.tcss``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from rich.segment import Segment
+from rich.style import Style as RichStyle
+from textual.geometry import Region
+from textual.strip import Strip
+from textual.style import Style as VisualStyle
+from textual.widget import Widget
+
+from rltperf_tui.widgets._fmt import Lines, Row
+
+if TYPE_CHECKING:
+    from rltperf_tui.aggregator import TargetStats, Window
+
+
+@dataclass
+class PanelContext:
+    """What one render tick knows about one target."""
+
+    target: str
+    """The target as the user gave it."""
+    stats: TargetStats
+    """The target's aggregator."""
+    window: Window
+    """Statistics over the last ``window_s`` seconds of data time."""
+    window_s: float
+    """Length of the statistics window, seconds."""
+    timeline_s: float = 30.0
+    """Length of the step-timeline chart, seconds."""
+    slo_ttft_ms: float | None = None
+    """TTFT SLO for goodput, ms."""
+    slo_tpot_ms: float | None = None
+    """TPOT SLO for goodput, ms."""
+    capture_steps: int = 8
+    """Capture length N the keys ask for."""
+    live: bool = True
+    """False for a recording being replayed."""
+    supports_capture: bool = True
+    """Whether the adapter can run captures."""
+    note: str = ""
+    """A line about the target from the command (e.g. the demo engine's pid and log)."""
+    mono_now: float = 0.0
+    """Monitor ``time.monotonic()`` at this tick (elapsed times of exports)."""
+    exporting_seen: dict[str, float] = field(default_factory=dict)
+    """Capture id -> monitor monotonic time its export was first seen."""
+    recording: str | None = None
+    """Path of the recording being written for this target, if any."""
+    replay: str | None = None
+    """Replay state text (speed, paused), for recordings."""
+    waiting_text: str = ""
+    """Shown instead of the connection error while the target has never answered
+    (the demo: "starting the engine")."""
+
+
+_WAITING: Row = (("waiting for data…", "$text-muted"),)
+
+
+class Panel(Widget):
+    """A titled box drawn from the latest ``PanelContext``.
+
+    Line API with a per-line cache: ``show()`` builds the panel's lines once, compares
+    them with what is on screen and refreshes only the lines that changed; a line is
+    turned into a ``Strip`` from its few (text, style) parts with styles resolved once
+    per style string.  (``rltperf bench ingest`` measures the monitor at 1000 steps/s:
+    repainting every line of every panel through ``Content`` at each tick cost more CPU
+    than everything else together.)
+    """
+
+    DEFAULT_CSS = """
+    Panel {
+        height: auto;
+        padding: 0 1;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.ctx: PanelContext | None = None
+        self._lines: list[Row] = []
+        self._strips: dict[int, Strip] = {}
+        self._styles: dict[str, RichStyle] = {}
+        self._built_for: tuple[int, int] = (0, 0)
+
+    def panel_title(self, ctx: PanelContext) -> str:
+        """The border title: the statistic and its window."""
+        return ""
+
+    def show(self, ctx: PanelContext) -> None:
+        """Take new data and repaint the lines that changed (no layout)."""
+        self.ctx = ctx
+        t = self.panel_title(ctx)
+        if t != self.border_title:
+            self.border_title = t
+        self._rebuild()
+
+    def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
+        """The panel's lines for the given content size."""
+        raise NotImplementedError
+
+    def rows(self) -> list[Row]:
+        """The panel's lines now."""
+        if self.ctx is None:
+            return [_WAITING]
+        size = self.content_size
+        return self.body(self.ctx, max(10, size.width), max(1, size.height)).rows()
+
+    def render_text(self) -> str:
+        """The panel's text without styles (tests read it)."""
+        return "\n".join("".join(t for t, _ in row) for row in self.rows())
+
+    def _rebuild(self, full: bool = False) -> None:
+        size = self.content_size
+        width, height = size.width, size.height
+        if width <= 0 or height <= 0:
+            return
+        lines = self.rows()[:height]
+        if len(lines) < height:
+            lines += [()] * (height - len(lines))
+        old = self._lines
+        self._lines = lines
+        if full or (width, height) != self._built_for or len(old) != height:
+            self._strips.clear()
+            self._built_for = (width, height)
+            self.refresh()
+            return
+        for y in range(height):
+            if lines[y] != old[y]:
+                self._strips.pop(y, None)
+                self.refresh(Region(0, y, width, 1))
+
+    def on_resize(self) -> None:
+        self._rebuild(full=True)
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        # a theme or CSS change: resolved styles and cached lines are stale
+        self._styles.clear()
+        self._strips.clear()
+
+    def _style(self, name: str) -> RichStyle:
+        st = self._styles.get(name)
+        if st is None:
+            base = self.visual_style
+            st = (VisualStyle.combine([base, self._get_style(name)]) if name else base).rich_style
+            self._styles[name] = st
+        return st
+
+    def render_line(self, y: int) -> Strip:
+        strip = self._strips.get(y)
+        if strip is not None:
+            return strip
+        width = self.size.width
+        row = self._lines[y] if y < len(self._lines) else (_WAITING if y == 0 and not self._lines else ())
+        segs = [Segment(text, self._style(style)) for text, style in row]
+        strip = Strip(segs)
+        if strip.cell_length > width:  # nowrap, ellipsis
+            cut = strip.crop(0, max(0, width - 1))
+            last = row[-1][1] if row else ""
+            strip = Strip([*cut, Segment("…", self._style(last))])
+        self._strips[y] = strip
+        return strip

@@ -1,0 +1,79 @@
+"""The one-line bar at the top: mode, window, capture length N, pause and recording state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.content import Content
+from textual.widget import Widget
+
+from rltperf_tui.widgets._fmt import Lines
+
+
+@dataclass
+class StatusInfo:
+    """What the status bar shows."""
+
+    mode: str = "live"
+    """``live`` or a replay description (``replay x1 ▶``)."""
+    targets: int = 1
+    """Targets attached."""
+    window_s: float = 10.0
+    """Statistics window, seconds."""
+    refresh_hz: float = 2.0
+    """Render ticks per second."""
+    capture_steps: int = 8
+    """Capture length N."""
+    paused: bool = False
+    """Display paused (data still arriving)."""
+    paused_records: int = 0
+    """Records that arrived since the display was paused."""
+    recording: int = 0
+    """Recordings being written."""
+    captures_active: str = ""
+    """Short text about captures in flight (``ops 3/8``)."""
+
+
+class StatusBar(Widget):
+    """Mode, window, N, pause and recording in one line (always visible, even at 80x24)."""
+
+    DEFAULT_CSS = """
+    StatusBar {
+        dock: top;
+        height: 1;
+        padding: 0 1;
+        background: $panel;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.info = StatusInfo()
+
+    def show(self, info: StatusInfo) -> None:
+        """Repaint with ``info`` when it changed."""
+        if info != self.info:
+            self.info = info
+            self.refresh()
+
+    def render(self) -> Content:
+        i = self.info
+        ln = Lines()
+        ln.add("rltperf ", "bold $accent")
+        ln.add(i.mode, "bold")
+        if i.targets > 1:
+            ln.add(f" · {i.targets} targets", "$text-muted")
+        ln.add(f" · window {i.window_s:g} s · {i.refresh_hz:g} Hz", "$text-muted")
+        ln.add(" · capture ", "$text-muted").add(f"N={i.capture_steps}", "bold")
+        if i.captures_active:
+            ln.add(" " + i.captures_active, "bold $warning")
+        if i.paused:
+            ln.add("  ❚❚ DISPLAY PAUSED ", "bold reverse $warning")
+            ln.add(f" +{i.paused_records:,} records arrived (space resumes)", "$text-muted")
+        if i.recording:
+            ln.add("  ● REC", "bold $error")
+            if i.recording > 1:
+                ln.add(f" x{i.recording}", "bold $error")
+        return ln.build()

@@ -1,0 +1,155 @@
+"""Step timeline: mean step time per time bucket, stacked by stage, plus the gap row.
+
+Hand-drawn with eighth blocks: each column is one time bucket; a cell belongs to the
+stage at its middle; the top cell of a column is a partial block in the top stage's
+colour.  With NO_COLOR each stage gets its own fill glyph so stacks stay readable.
+(textual-plotext is stuck on plotext 5 and a plotting widget's axes cost more rows
+than this panel has at 80x24; a stacked bar reads at a glance.)
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from itertools import accumulate
+
+from rltperf_tui.widgets._fmt import BLOCKS, STAGE_COLORS, STAGE_GLYPHS, Lines, is_num, ms, spark
+from rltperf_tui.widgets.panel import Panel, PanelContext
+
+AXIS_W = 9
+"""Columns of the y-axis labels."""
+
+
+def _nice_top(v: float) -> float:
+    """Round ``v`` up to 1, 2 or 5 times a power of ten (a readable axis top)."""
+    if v <= 0 or not math.isfinite(v):
+        return 1.0
+    e = math.floor(math.log10(v))
+    for m in (1, 2, 2.5, 5, 10):
+        top = m * 10**e
+        if top >= v * 0.999:
+            return float(top)
+    return float(10 ** (e + 1))
+
+
+class StepTimeline(Panel):
+    """Step time split by stage over the last N seconds, and the gap between steps."""
+
+    DEFAULT_CSS = """
+    StepTimeline { height: 12; }
+    """
+
+    def panel_title(self, ctx: PanelContext) -> str:
+        return f"Step time by stage · mean per bucket · last {ctx.timeline_s:g} s"
+
+    def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
+        st = ctx.stats
+        cols = max(8, width - AXIS_W - 1)
+        legend_rows = 2 if height >= 8 else 1
+        chart_h = max(2, height - 2 - legend_rows)  # gap row + x axis + legend
+        tl = st.timeline(ctx.timeline_s, cols)
+        stage_ms: dict[str, list[float]] = tl["stage_ms"]
+        step_ms: list[float] = tl["step_ms"]
+        gap_ms: list[float] = tl["gap_ms"]
+        names = [n for n in st.stage_names if n in stage_ms]
+        if not any(tl["steps"]):
+            ln = Lines()
+            ln.add("no steps in the last " + f"{ctx.timeline_s:g} s", "$text-muted")
+            if st.state != "connected":
+                shown = "waiting" if st.state == "reconnecting" and st.hello is None else st.state
+                ln.add(f" (target {shown})", "$text-muted")
+            return ln
+        no_color = self.app.no_color
+        idx = {n: st.stage_names.index(n) for n in names}
+        # Stage stacks per column; the part of the step no stage covers is "other".
+        stacks: list[list[tuple[str, float]]] = []
+        totals: list[float] = []
+        for c in range(cols):
+            tot = step_ms[c]
+            if not is_num(tot):
+                stacks.append([])
+                totals.append(math.nan)
+                continue
+            parts = [(n, stage_ms[n][c]) for n in names if is_num(stage_ms[n][c]) and stage_ms[n][c] > 0]
+            covered = sum(v for _, v in parts)
+            if tot - covered > 0.02 * tot:
+                parts.append(("other", tot - covered))
+            stacks.append(parts)
+            totals.append(max(tot, covered))
+        finite = [t for t in totals if is_num(t)]
+        top = _nice_top(max(finite) if finite else 1.0)
+        unit = top / (chart_h * 8)  # ms per eighth
+
+        def style_of(name: str) -> tuple[str, str]:
+            if name == "other":
+                return ("·" if no_color else "█"), "$text-muted"
+            i = idx[name]
+            glyph = STAGE_GLYPHS[i % len(STAGE_GLYPHS)] if no_color else "█"
+            return glyph, STAGE_COLORS[i % len(STAGE_COLORS)]
+
+        styles: dict[str, tuple[str, str]] = {}
+        blank = (" ", "")
+        grid = [[blank] * cols for _ in range(chart_h)]
+        for c in range(cols):
+            parts = stacks[c]
+            if not parts:
+                continue
+            total_e = totals[c] / unit
+            cum = list(accumulate(v / unit for _, v in parts))
+            last = len(parts) - 1
+            for row in range(min(chart_h, math.ceil(total_e / 8))):
+                lo = row * 8
+                # the stage at the cell's middle (or at its top, for a partial cell)
+                k = min(bisect_right(cum, min(lo + 4, total_e - 0.01)), last)
+                name = parts[k][0]
+                cell = styles.get(name)
+                if cell is None:
+                    cell = styles[name] = style_of(name)
+                if total_e < lo + 8:
+                    cell = (BLOCKS[max(1, min(8, round(total_e - lo)))], cell[1])
+                grid[row][c] = cell
+        ln = Lines()
+        for row in range(chart_h - 1, -1, -1):
+            if row == chart_h - 1:
+                ln.add(f"{top:g} ms".rjust(AXIS_W - 1) + "┤", "$text-muted")
+            elif row == 0:
+                ln.add("0 ms".rjust(AXIS_W - 1) + "┤", "$text-muted")
+            else:
+                ln.add(" " * (AXIS_W - 1) + "│", "$text-muted")
+            ln.extend(grid[row])
+            ln.nl()
+        # gap row: mean gap per bucket, scaled to its own max
+        gfin = [g for g in gap_ms if is_num(g)]
+        gmax = max(gfin) if gfin else None
+        ln.add("gap".rjust(AXIS_W - 1) + "┤", "$text-muted")
+        ln.add(spark(gap_ms, gmax), "$warning")
+        ln.nl()
+        left = f"-{ctx.timeline_s:g} s"
+        right = f"now · gap max {ms(gmax)} ms" if gmax is not None else "now"
+        pad = max(1, cols - len(left) - len(right))
+        ln.add(" " * AXIS_W + left + " " * pad + right, "$text-muted")
+        ln.nl()
+        # legend: mean ms per step by stage over the chart's span (stage order = stack order)
+        items: list[tuple[str, str, str]] = []
+        for n in names:
+            vals = [v for v in stage_ms[n] if is_num(v)]
+            mean = sum(vals) / len(vals) if vals else 0.0
+            glyph, style = style_of(n)
+            items.append((glyph, style, f"{n} {ms(mean)}"))
+        line_w = 0
+        rows_used = 1
+        ln.add("ms/step".rjust(AXIS_W - 1) + " ", "$text-muted")
+        line_w = AXIS_W
+        for glyph, style, label in items:
+            need = len(label) + 3
+            if line_w + need - 2 > width:
+                if rows_used >= legend_rows:
+                    ln.add("…", "$text-muted")
+                    break
+                ln.nl()
+                rows_used += 1
+                ln.add(" " * AXIS_W)
+                line_w = AXIS_W
+            ln.add(glyph, style).add(" " + label + "  ")
+            line_w += need
+        return ln

@@ -1,0 +1,65 @@
+"""One target's column: the header above two stacks of panels.
+
+At 100 cells or wider the two stacks sit side by side (class ``-wide``); narrower
+they stack in one scrollable column, header and timeline first.  The column decides
+from its own width, so several targets side by side each pick what fits.
+"""
+
+from __future__ import annotations
+
+from textual import events
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+
+from rltperf_tui.widgets.captures import CapturesPanel
+from rltperf_tui.widgets.device import DevicePanel
+from rltperf_tui.widgets.latency import LatencyPanel
+from rltperf_tui.widgets.loops import LoopsPanel
+from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.widgets.queue_kv import QueuePanel
+from rltperf_tui.widgets.roofline_panel import RooflinePanel
+from rltperf_tui.widgets.step_timeline import StepTimeline
+from rltperf_tui.widgets.target_header import TargetHeader
+
+WIDE_AT = 100
+"""Column width (cells) from which the panels go in two stacks."""
+
+
+class TargetColumn(VerticalScroll):
+    """Every panel of one target."""
+
+    DEFAULT_CSS = """
+    TargetColumn { width: 1fr; height: 1fr; }
+    """
+
+    def __init__(self, index: int, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.index = index
+        """Position of the target in the app's target list."""
+        self._panels: list[Panel] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield TargetHeader(classes="panel")
+        with Vertical(classes="panes"):
+            with Vertical(classes="stack left"):
+                yield StepTimeline(classes="panel")
+                yield LatencyPanel(classes="panel")
+                yield DevicePanel(classes="panel")
+            with Vertical(classes="stack right"):
+                yield RooflinePanel(classes="panel")
+                yield LoopsPanel(classes="panel")
+                yield QueuePanel(classes="panel")
+                yield CapturesPanel(classes="panel")
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.set_class(event.size.width >= WIDE_AT, "-wide")
+
+    def on_mount(self) -> None:
+        self.set_class(self.size.width >= WIDE_AT, "-wide")
+
+    def show(self, ctx: PanelContext) -> None:
+        """Hand the tick's data to every panel."""
+        if self._panels is None:
+            self._panels = list(self.query(Panel))
+        for panel in self._panels:
+            panel.show(ctx)

@@ -1,0 +1,92 @@
+"""Target header: what is attached, its state, and the headline figures."""
+
+from __future__ import annotations
+
+from rltperf_tui.widgets._fmt import NA, Lines, ms, pct, si
+from rltperf_tui.widgets.panel import Panel, PanelContext
+
+STATE_STYLE = {
+    "connected": "bold $success",
+    "connecting": "bold $warning",
+    "reconnecting": "bold $warning",
+    "waiting": "bold $warning",
+    "ended": "bold $text-muted",
+    "error": "bold $error",
+}
+
+
+class TargetHeader(Panel):
+    """Target, engine, model, dtype, loop/exit config, connection state, drops, and a
+    RANDOM WEIGHTS badge when the engine says its weights are random."""
+
+    DEFAULT_CSS = """
+    TargetHeader { height: 5; }
+    """
+
+    def panel_title(self, ctx: PanelContext) -> str:
+        return ctx.target
+
+    def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
+        st = ctx.stats
+        info = st.info
+        w = ctx.window
+        ln = Lines()
+        state = st.state
+        if state == "reconnecting" and st.hello is None:
+            state = "waiting"  # never connected yet: the engine may still be starting
+        ln.add("● " + state, STATE_STYLE.get(state, "bold"))
+        if ctx.replay and state != "ended":
+            ln.add(" (replay)", "$text-muted")
+        ln.add("  ")
+        if info is not None and info.random_weights:
+            # first, so that no width truncates it away
+            ln.add(" RANDOM WEIGHTS ", "bold reverse $error").add("  ")
+        if info is None:
+            ln.add("no engine hello yet", "$text-muted")
+        else:
+            parts = [info.name + (f" {info.version}" if info.version else "")]
+            parts.append(info.model or "model ?")
+            parts.append(info.dtype or "dtype ?")
+            if info.quantization and info.quantization != "none":
+                parts.append(info.quantization)
+            parts.append(info.device or "device ?")
+            ln.add(" · ".join(parts), "bold")
+        ln.nl()
+        if info is not None:
+            loops = info.loop_config or (f"max {info.max_loops}" if info.max_loops else "n/a")
+            ln.add("loops ", "$text-muted").add(loops)
+            ln.add(" · exit ", "$text-muted").add(info.exit_config or "n/a")
+            if info.kv_policy:
+                ln.add(" · KV ", "$text-muted").add(info.kv_policy)
+            ln.add(" · spec ", "$text-muted").add(info.spec_config or "off")
+            if info.workload:
+                ln.add(" · workload ", "$text-muted").add(info.workload)
+        ln.nl()
+        # Headline figures: readable even when the panels below are scrolled away.
+        p50 = w.step_ms["p50"]
+        ln.add("step p50 ", "$text-muted").add(ms(p50) + (" ms" if p50 is not None else ""), "bold")
+        ln.add(" · idle ", "$text-muted").add(pct(w.idle_fraction), "bold")
+        ln.add(" · MBU ", "$text-muted")
+        if w.mbu is None:
+            ln.add(NA, "bold")
+        elif w.mbu_overcount:
+            ln.add(pct(w.mbu) + " ⚠ >1", "bold reverse $error")
+        else:
+            ln.add(pct(w.mbu), "bold")
+        ln.add(" · ", "$text-muted").add(si(w.tokens_per_s, "tok/s"), "bold")
+        ln.add(" · dropped ", "$text-muted")
+        ln.add(f"{st.dropped:,}", "bold reverse $error" if st.dropped else "")
+        ln.nl()
+        ln.add(f"{st.records:,} records", "$text-muted")
+        if ctx.recording:
+            ln.add("  ● REC ", "bold $error").add(ctx.recording, "$text-muted")
+        detail = ""
+        if state == "waiting" and ctx.waiting_text:
+            detail = ctx.waiting_text
+        elif state != "connected" and st.state_detail:
+            detail = st.state_detail
+        if detail:
+            ln.add(" · ", "$text-muted").add(detail, STATE_STYLE.get(state, ""))
+        if ctx.note:
+            ln.add(" · ", "$text-muted").add(ctx.note, "$text-muted")
+        return ln

@@ -1,0 +1,66 @@
+"""Helpers of the UI tests: the fixed recording, waiting on the app, reading panels."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from textual.pilot import Pilot
+
+from engine_adapters.replay import ReplayAdapter
+from rltperf_tui.app import MonitorApp, TargetSpec
+from rltperf_tui.widgets.panel import Panel
+
+DATA = Path(__file__).resolve().parent / "data"
+RECORDING = DATA / "demo.rltrec"
+RECORDING_NAME = "tests/ui/data/demo.rltrec"
+"""The target string shown on screen (stable wherever the checkout lives)."""
+
+
+def replay_spec(speed: float = 0.0, name: str = RECORDING_NAME) -> TargetSpec:
+    """The fixed recording as a target, shown under a stable name."""
+    adapter = ReplayAdapter(str(RECORDING), speed=speed)
+    return TargetSpec(target=name, adapter=adapter, session=adapter.connect())
+
+
+async def wait_for(
+    pilot: Pilot[int], cond: Callable[[], bool], timeout: float = 30.0, what: str = ""
+) -> None:
+    """Let the app run until ``cond()`` holds (fails the test after ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what or cond}")
+        await pilot.pause(0.1)
+
+
+def panel_text(app: MonitorApp, cls: type[Panel], index: int = 0) -> str:
+    """The plain text a panel of target ``index`` shows now."""
+    col = app.query_one(f"#target-{index}")
+    panel = col.query_one(cls)
+    return panel.render_text()
+
+
+async def replay_finished(pilot: Pilot[int]) -> None:
+    """``run_before`` for snapshots: every replay read to its end and drawn."""
+    app = pilot.app
+    assert isinstance(app, MonitorApp)
+    await wait_for(pilot, lambda: all(h.stats.state == "ended" for h in app.handles), what="end of replay")
+    await wait_for(pilot, lambda: all(h.posted == h.handled for h in app.handles), what="batches handled")
+    app.force_render()
+    await pilot.pause(0.2)
+
+
+def sync(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async test in its own event loop (no pytest-asyncio needed); fixtures pass
+    through by name."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
