@@ -37,24 +37,26 @@ log = logging.getLogger("rltperf.probe")
 MAX_MARKS = 64
 """Stage boundaries stored per step; more are ignored (and counted)."""
 
-_GAP = -1  # stage index of "between stages" (the with-form's exit boundary)
+# A boundary stores the clock and the stage *name* (None = "between stages", the
+# with-form's exit); the publisher thread maps names to indices, so the step path does
+# no dictionary work.
 
 
 class _StageCM:
     """Context manager for ``with step.stage(name):`` (one cached per slot and stage)."""
 
-    __slots__ = ("idx", "slot")
+    __slots__ = ("name", "slot")
 
-    def __init__(self, slot: StepSlot, idx: int) -> None:
+    def __init__(self, slot: StepSlot, name: str) -> None:
         self.slot = slot
-        self.idx = idx
+        self.name = name
 
     def __enter__(self) -> _StageCM:
         sl = self.slot
         k = sl.k
         try:
             sl.t[k] = _clk()
-            sl.ix[k] = self.idx
+            sl.ix[k] = self.name
         except IndexError:
             sl.overflow += 1
             return self
@@ -66,7 +68,7 @@ class _StageCM:
         k = sl.k
         try:
             sl.t[k] = _clk()
-            sl.ix[k] = _GAP
+            sl.ix[k] = None
         except IndexError:
             sl.overflow += 1
             return
@@ -94,7 +96,6 @@ class StepSlot:
         "overflow",
         "probe",
         "seq",
-        "si",
         "start",
         "step_id",
         "t",
@@ -103,9 +104,8 @@ class StepSlot:
 
     def __init__(self, probe: Probe) -> None:
         self.probe = probe
-        self.si = probe._stage_index
         self.t = [0] * MAX_MARKS
-        self.ix = [0] * MAX_MARKS
+        self.ix: list[str | None] = [None] * MAX_MARKS
         self.k = 0
         self.seq = -1
         self.step_id = -1
@@ -126,9 +126,7 @@ class StepSlot:
         k = self.k
         try:
             self.t[k] = _clk()
-            self.ix[k] = self.si[name]
-        except KeyError:
-            self.ix[k] = self.probe._register_stage(name)
+            self.ix[k] = name
         except IndexError:
             self.overflow += 1
             return
@@ -139,10 +137,7 @@ class StepSlot:
         try:
             return self._cms[name]
         except KeyError:
-            idx = self.si.get(name)
-            if idx is None:
-                idx = self.probe._register_stage(name)
-            cm = self._cms[name] = _StageCM(self, idx)
+            cm = self._cms[name] = _StageCM(self, name)
             return cm
 
     def set(self, **facts: Any) -> None:

@@ -271,6 +271,10 @@ class Publisher(threading.Thread):
             else:
                 ready.append(rec)
             r += 1
+            if not r & 7:
+                # Hand the GIL back every few records: an engine thread returning from a
+                # device call then waits for one small chunk, not for the whole batch.
+                _yield_gil()
         self._r = r
         if self._pending:
             ready.extend(self._resolve_pending())
@@ -293,24 +297,31 @@ class Publisher(threading.Thread):
 
     def _to_record(self, sl: StepSlot, sid: int) -> tuple[StepRecord, list[Any]]:
         # Stage durations from the boundary marks: mark i lasts until mark i+1 (or the
-        # step's end); index -1 is "between stages" (the with-form's exit boundary).
-        stage = [0] * len(self.probe._stage_names)
+        # step's end); a None name is "between stages" (the with-form's exit boundary).
+        probe = self.probe
+        index = probe._stage_index
+        stage = [0] * len(probe._stage_names)
         k = sl.k
         end = sl.end
         start = sl.start
         if k:
             t = sl.t
-            ix = sl.ix
+            names = sl.ix
             prev_t = t[0]
-            prev_i = ix[0]
-            for i in range(1, k):
-                ti = t[i]
-                if prev_i >= 0:
-                    stage[prev_i] += ti - prev_t
-                prev_t = ti
-                prev_i = ix[i]
-            if prev_i >= 0:
-                stage[prev_i] += end - prev_t
+            prev = names[0]
+            for i in range(1, k + 1):
+                ti = t[i] if i < k else end
+                if prev is not None:
+                    idx = index.get(prev)
+                    if idx is None:
+                        idx = self._new_stage(prev)
+                        if idx is not None and idx >= len(stage):
+                            stage.extend([0] * (idx + 1 - len(stage)))
+                    if idx is not None:
+                        stage[idx] += ti - prev_t
+                if i < k:
+                    prev_t = ti
+                    prev = names[i]
         if sl.overflow:
             self.mark_overflow += sl.overflow
             sl.overflow = 0
@@ -369,6 +380,17 @@ class Publisher(threading.Thread):
                 flags=flags,
             )
         return rec, events
+
+    def _new_stage(self, name: Any) -> int | None:
+        """Register a stage name first seen in a step (None for a bad name, warned once)."""
+        try:
+            return self.probe._register_stage(name)
+        except (ValueError, TypeError):
+            key = f"stage:{name!r}"
+            if key not in self._unknown_fields:
+                self._unknown_fields.add(key)
+                log.warning("probe: bad stage name %r ignored (names are non-empty strings)", name)
+            return None
 
     def _resolve_pending(self) -> list[StepRecord]:
         """Release step records in order once their CUDA events have completed."""
@@ -672,6 +694,11 @@ class Publisher(threading.Thread):
             pass
         self._lsock.close()
         self._sel.close()
+
+
+def _yield_gil() -> None:
+    """Release the GIL briefly so a waiting engine thread can take it."""
+    time.sleep(0)
 
 
 def _same(a: str | None, b: str) -> bool:
