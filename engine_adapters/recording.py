@@ -69,7 +69,7 @@ class RecordingWriter:
         """Append records (session-local ``SessionEvent``s are skipped)."""
         keep = [r for r in recs if not isinstance(r, SessionEvent)]
         if keep:
-            self._write(self._enc.encode_many(keep))
+            self._write(self._enc.encode_batched(keep))
             self.records += len(keep)
 
     def flush(self) -> None:

@@ -9,18 +9,20 @@ the reader can close that one connection and log the reason.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from engine_adapters.records import Record
+from engine_adapters.records import DATA_RECORDS, Batch, Record
 
 DEFAULT_PORT = 7788
 """Default probe port."""
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 """Default probe listen address (loopback only)."""
 MAX_FRAME = 4 * 1024 * 1024
-"""Largest frame body accepted, bytes. A step record is ~100 B; a Hello a few KB."""
+"""Largest frame body accepted, bytes. A step record is ~140 B; a Hello a few KB."""
+MAX_BATCH = 1024
+"""Records per ``Batch`` frame (~150 KB of step records)."""
 
 _LEN = struct.Struct(">I")
 HEADER_SIZE = _LEN.size
@@ -66,9 +68,30 @@ class FrameEncoder:
             del buf[pos:]
         return out
 
+    def encode_batched(self, recs: Sequence[Record]) -> bytes:
+        """Frames for ``recs``, runs of data records packed into ``Batch`` frames (order
+        kept; control records stay single frames)."""
+        out: list[Record] = []
+        run: list[Record] = []
+        for rec in recs:
+            if isinstance(rec, DATA_RECORDS):
+                run.append(rec)
+                if len(run) >= MAX_BATCH:
+                    out.append(Batch(records=run))  # type: ignore[arg-type]
+                    run = []
+                continue
+            if run:
+                out.append(Batch(records=run) if len(run) > 1 else run[0])  # type: ignore[arg-type]
+                run = []
+            out.append(rec)
+        if run:
+            out.append(Batch(records=run) if len(run) > 1 else run[0])  # type: ignore[arg-type]
+        return self.encode_many(out)
+
 
 def decode_body(body: bytes | memoryview) -> Record:
-    """Decode one frame body; raises ``FrameError`` with the reason on a bad body."""
+    """Decode one frame body (a ``Batch`` comes back as is); raises ``FrameError`` with
+    the reason on a bad body."""
     try:
         return _decoder.decode(body)
     except msgspec.ValidationError as exc:
@@ -111,11 +134,15 @@ class FrameReader:
                 if end > n:
                     break
                 try:
-                    out.append(dec(mv[pos + HEADER_SIZE : end]))
+                    rec = dec(mv[pos + HEADER_SIZE : end])
                 except msgspec.ValidationError as exc:
                     raise FrameError(f"bad record: {exc}") from None
                 except msgspec.DecodeError as exc:
                     raise FrameError(f"undecodable frame: {exc}") from None
+                if type(rec) is Batch:
+                    out.extend(rec.records)
+                else:
+                    out.append(rec)
                 pos = end
         finally:
             mv.release()

@@ -95,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     from engine_adapters.base import AdapterError
     from engine_adapters.recording import RecordingError
 
+    if args.command != "engine":  # the reference engine keeps Python's defaults, as an engine would
+        from rltperf_tui import tune_gc_for_ingest
+
+        tune_gc_for_ingest()
     try:
         return int(args._module.run(args) or 0)
     except (AdapterError, RecordingError) as exc:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LOOP_ENGINE = Path(__file__).resolve().parent / "loop_engine.py"
+LOOP_ENGINE = ROOT / "engine_adapters" / "reference" / "loop.py"
 
 
 @dataclass

@@ -210,7 +210,7 @@ class Publisher(threading.Thread):
     def _tick(self) -> None:
         recs = self._drain()
         if recs:
-            blob = self._enc.encode_many(recs)
+            blob = self._enc.encode_batched(recs)
             n = len(recs)
             for sub in self._subs:
                 if sub.authed and not sub.closing:

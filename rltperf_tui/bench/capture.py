@@ -12,7 +12,7 @@ For each mode (ops, full), repeated captures of N steps on a running engine meas
 
 Step times come from the probe's own records (host monotonic clock, shared by all
 processes on the host), never from the client's clock.  Without ``--target`` the bench
-starts the test loop engine (``tests/loop_engine.py`` in a checkout) with its snapshots
+starts the reference engine (``rltperf engine --preset tiny --workload closed:8``) with its snapshots
 in a temporary folder; point ``--target`` at the reference engine (``rltperf engine``)
 or your own to measure that.
 """
@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import engine_adapters
+
 HELP = (
     "capture cost: keypress-to-first-step, slow-down of captured steps, export time and trace size per step"
 )
@@ -42,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target",
         default=None,
-        help="a running engine (tcp://HOST:PORT); default: start the test loop engine",
+        help="a running engine (tcp://HOST:PORT); default: start the reference engine (tiny, cpu, closed:8)",
     )
     p.add_argument("--steps", type=int, default=8, metavar="N", help="steps per capture (default 8)")
     p.add_argument("--repeats", type=int, default=3, help="captures per mode (default 3)")
@@ -50,39 +52,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None, help="probe token for non-loopback targets")
 
 
-def _loop_engine() -> Path | None:
-    p = Path(__file__).resolve().parents[2] / "tests" / "loop_engine.py"
-    return p if p.exists() else None
-
-
 def _start_engine(snap: str) -> tuple[subprocess.Popen[str], str, str]:
-    script = _loop_engine()
-    if script is None:
-        raise RuntimeError(
-            "no engine to measure: pass --target tcp://HOST:PORT (e.g. a running `rltperf engine`)"
-        )
+    """The reference engine (tiny preset, CPU, 8 concurrent requests) on a free port."""
     env = dict(os.environ)
-    root = str(script.parents[1])
+    root = str(Path(engine_adapters.__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    workload = "closed:8"
     proc = subprocess.Popen(
-        [sys.executable, str(script), "--duration", "600", "--snapshots", snap],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
-        cwd=root,
-    )
+        [sys.executable, "-m", "rltperf_tui.cli", "engine", "--preset", "tiny", "--workload", workload,
+         "--listen", "127.0.0.1:0", "--duration", "600", "--snapshots", snap],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
     assert proc.stdout is not None
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             break
-        m = re.match(r"ADDRESS (\S+)", line)
+        m = re.search(r"tcp://(\S+:\d+)", line)
         if m:
-            return proc, f"tcp://{m.group(1)}", "tests/loop_engine.py (torch MLP loop, random weights)"
+            return (
+                proc,
+                f"tcp://{m.group(1)}",
+                f"reference engine, tiny preset on cpu, {workload} (random weights)",
+            )
     proc.kill()
-    raise RuntimeError("the loop engine did not start")
+    raise RuntimeError("the reference engine did not start")
 
 
 def _med(v: list[float]) -> float | None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import importlib.util
 import os
 import shlex
 import signal
@@ -83,19 +82,9 @@ def engine_command(args: argparse.Namespace, listen: str) -> tuple[list[str], st
     if args.engine_cmd:
         cmd = shlex.split(args.engine_cmd.format(listen=listen, snapshots=args.snapshots))
         return cmd, "your --engine-cmd"
-    if importlib.util.find_spec("rltperf_tui.commands.engine") is not None:
-        cmd = [sys.executable, "-m", "rltperf_tui.cli", "engine", "--preset", args.preset, "--device", args.device,
-               "--workload", args.workload, "--listen", listen, "--snapshots", args.snapshots]  # fmt: skip
-        return cmd, f"reference engine {args.preset}/{args.device}/{args.workload}"
-    # A source checkout without the reference engine: the tests' loop engine stands in.
-    loop = Path(__file__).resolve().parents[2] / "tests" / "loop_engine.py"
-    if loop.is_file():
-        cmd = [sys.executable, str(loop), "--listen", listen, "--snapshots", args.snapshots,
-               "--duration", "86400", "--rate", "200"]  # fmt: skip
-        return cmd, "tests/loop_engine.py (the reference engine is not in this build)"
-    raise SystemExit(
-        "rltperf demo: error: the reference engine (`rltperf engine`) is not part of this installation"
-    )
+    cmd = [sys.executable, "-m", "rltperf_tui.cli", "engine", "--preset", args.preset, "--device", args.device,
+           "--workload", args.workload, "--listen", listen, "--snapshots", args.snapshots]  # fmt: skip
+    return cmd, f"reference engine {args.preset}/{args.device}/{args.workload}"
 
 
 def _pdeathsig_preexec(parent_pid: int) -> Any:

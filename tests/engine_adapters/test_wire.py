@@ -121,3 +121,28 @@ def test_parse_hostport(addr, expect):
 def test_parse_hostport_errors(addr):
     with pytest.raises(ValueError):
         parse_hostport(addr)
+
+
+def test_batched_frames_keep_order_and_flatten():
+    from engine_adapters.records import Bye, Stats
+
+    recs = [
+        StepRecord(step_id=1, start_ns=1, end_ns=2),
+        StepRecord(step_id=2, start_ns=3, end_ns=4),
+        Stats(ts_ns=5),
+        RequestRecord(req_id="a", arrival_ns=1, finish_ns=6),
+        DeviceSample(ts_ns=7),
+        StepRecord(step_id=3, start_ns=8, end_ns=9),
+        Bye(reason="x"),
+    ]
+    enc = FrameEncoder()
+    blob = enc.encode_batched(recs)
+    assert FrameReader().feed(blob) == recs
+    big = [StepRecord(step_id=i, start_ns=i, end_ns=i + 1) for i in range(3000)]
+    assert FrameReader().feed(enc.encode_batched(big)) == big  # split into several batches
+
+
+def test_a_control_record_inside_a_batch_is_a_bad_frame():
+    body = msgspec.msgpack.encode(["batch", [["bye", "x"]]])
+    with pytest.raises(FrameError, match="bad record"):
+        FrameReader().feed(_frame(body))

@@ -1,9 +1,13 @@
-"""A small torch loop instrumented with the probe, run as a subprocess by tests.
+"""A small torch loop instrumented with the probe: the smallest real engine.
+
+Used by the tests and by ``rltperf bench ingest`` (paced at a fixed step rate), it
+measures its own step times — the ground truth a recording is checked against — and
+writes them to ``--out`` as JSON when it stops.
 
 It measures its own step times (the ground truth a recording is checked against) and
 writes them to ``--out`` as JSON when it stops.  Prints ``ADDRESS host:port`` first.
 
-    python tests/loop_engine.py --duration 5 --out /tmp/truth.json [--sleep-ms 1]
+    python -m engine_adapters.reference.loop --duration 5 --out /tmp/truth.json [--sleep-ms 1]
 
 Options for the evidence tests: ``--stall-ms 20@10`` sleeps 20 ms after every 10th step
 (an injected stall: a known gap), ``--requests-every K`` reports a request finishing
