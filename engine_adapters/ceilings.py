@@ -4,8 +4,8 @@
 and host); ``ceiling_for`` returns the calibrated figures when present, otherwise the
 spec-table entry matched by the device's NVML name, otherwise None.  On a CPU with
 nothing cached, ``ceiling_for`` runs a *quick calibration* (a few tenths of a second,
-cached like a full one and labelled as such) so MBU is known from the first second;
-a full ``rltperf calibrate --device cpu`` replaces it.  ``Ceiling.source`` says which:
+kept for the process and labelled as such, never written to the cache) so MBU is known
+from the first second; a full ``rltperf calibrate --device cpu`` replaces it.  ``Ceiling.source`` says which:
 ``"calibration"``, ``"quick calibration"`` or ``"spec table"``; ``Ceiling.detail`` says
 what was measured or which datasheet row matched.
 
@@ -246,7 +246,7 @@ def is_cpu_device(device: str | None) -> bool:
 
 
 _quick_lock = threading.Lock()
-_quick_memo: dict[str, dict[str, Any]] = {}  # when the cache cannot be written
+_quick_memo: dict[str, dict[str, Any]] = {}  # quick calibrations of this process
 
 
 def _from_calibration(name: str, cal: dict[str, Any], dtype: str | None) -> Ceiling:
@@ -284,7 +284,7 @@ def ceiling_for(device: str | None, dtype: str | None = None, *, quick: bool = T
     """
     name = device_name(device)
     key = cache_key(name)
-    cal = load_calibrations().get(key) or _quick_memo.get(key)
+    cal = _full_calibration(key) or _quick_memo.get(key)
     if is_cpu_device(device) and quick:
         dt = canonical_dtype(dtype) or "float32"
         if cal is None or dt not in (cal.get("matmul_gflops_by_dtype") or {}):
@@ -294,13 +294,23 @@ def ceiling_for(device: str | None, dtype: str | None = None, *, quick: bool = T
     return spec_ceiling(name, dtype)
 
 
+def _full_calibration(key: str) -> dict[str, Any] | None:
+    """The cached calibration for ``key`` unless it is a quick one (older versions of
+    rltperf cached those too; they are re-measured instead)."""
+    cal = load_calibrations().get(key)
+    if cal and cal.get("source") == "quick calibration":
+        return None
+    return cal
+
+
 def _quick_cpu(name: str, dtype: str, existing: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Quick CPU calibration (or one more dtype's matmul), cached; None if it failed."""
+    """Quick CPU calibration (or one more dtype's matmul), kept for this process; None if
+    it failed."""
     from engine_adapters import calibrate
 
     with _quick_lock:  # two threads asking at once measure once
         key = cache_key(name)
-        cal = load_calibrations().get(key) or _quick_memo.get(key) or existing
+        cal = _full_calibration(key) or _quick_memo.get(key) or existing
         if cal is not None and dtype in (cal.get("matmul_gflops_by_dtype") or {}):
             return cal
         try:
@@ -314,9 +324,8 @@ def _quick_cpu(name: str, dtype: str, existing: dict[str, Any] | None) -> dict[s
             log.warning("quick CPU calibration failed: %s", exc)
             return cal
         cal["device"] = name
+        # Kept in this process only: a quick reading taken while the machine was busy
+        # (seen: 3.6 GB/s against 17 GB/s from a full calibration) must not become the
+        # machine's ceiling for good.  Only `rltperf calibrate` writes the cache.
         _quick_memo[key] = cal
-        try:
-            store_calibration(cal)
-        except OSError as exc:
-            log.warning("could not cache the quick calibration in %s: %s", cache_path(), exc)
         return cal

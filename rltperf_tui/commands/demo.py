@@ -51,6 +51,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--workload", default="steady-bursts", help="load generator workload (default steady-bursts)"
     )
+    g.add_argument(
+        "--exit",
+        default="gate:0.9",
+        metavar="POLICY",
+        help="exit policy (default gate:0.9: Ouro-style cumulative gate, so exits spread over the depths)",
+    )
+    g.add_argument("--exit-mode", default="compact", choices=("select", "compact"), help="default compact")
+    g.add_argument(
+        "--spec",
+        default="2,3",
+        metavar="DRAFT_LOOPS,DRAFT_LEN",
+        help="self-speculative decoding (default 2,3: draft 3 tokens at 2 loops; 'off' to disable)",
+    )
     g.add_argument("--port", type=int, default=0, help="probe port on 127.0.0.1 (default: a free one)")
     g.add_argument(
         "--snapshots",
@@ -83,8 +96,15 @@ def engine_command(args: argparse.Namespace, listen: str) -> tuple[list[str], st
         cmd = shlex.split(args.engine_cmd.format(listen=listen, snapshots=args.snapshots))
         return cmd, "your --engine-cmd"
     cmd = [sys.executable, "-m", "rltperf_tui.cli", "engine", "--preset", args.preset, "--device", args.device,
-           "--workload", args.workload, "--listen", listen, "--snapshots", args.snapshots]  # fmt: skip
-    return cmd, f"reference engine {args.preset}/{args.device}/{args.workload}"
+           "--workload", args.workload, "--exit", args.exit, "--exit-mode", args.exit_mode,
+           "--listen", listen, "--snapshots", args.snapshots]  # fmt: skip
+    if args.spec and args.spec != "off":
+        cmd += ["--spec", args.spec]
+    spec = f", spec {args.spec}" if args.spec and args.spec != "off" else ""
+    return (
+        cmd,
+        f"reference engine {args.preset}/{args.device}/{args.workload}, exit {args.exit} {args.exit_mode}{spec}",
+    )
 
 
 def _pdeathsig_preexec(parent_pid: int) -> Any:
