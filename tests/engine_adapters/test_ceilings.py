@@ -4,7 +4,6 @@ calibration, and which source the ceiling says it came from."""
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +170,9 @@ def test_quick_cpu_calibration_when_nothing_cached(cache: Path, monkeypatch: pyt
 def test_a_quick_calibration_cached_by_an_older_version_is_measured_again(cache: Path) -> None:
     key = ceilings.cache_key(ceilings.device_name("cpu"))
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({key: {"source": "quick calibration", "copy_gbps": 0.001, "matmul_gflops": 0.001}}))
+    cache.write_text(
+        json.dumps({key: {"source": "quick calibration", "copy_gbps": 0.001, "matmul_gflops": 0.001}})
+    )
     c = ceiling_for("cpu", "float32")
     assert c is not None and c.source == "quick calibration" and c.peak_bw_gbps and c.peak_bw_gbps > 0.5
 
