@@ -102,6 +102,7 @@ def open_targets(targets: list[str], options: dict[str, Any], wait: bool, prog: 
 
     specs: list[TargetSpec] = []
     failed: list[str] = []
+    live_failed = False
     for t in targets:
         try:
             adapter = adapter_for(t, **options)
@@ -115,6 +116,7 @@ def open_targets(targets: list[str], options: dict[str, Any], wait: bool, prog: 
                 specs.append(TargetSpec(target=t, adapter=adapter))
                 continue
             failed.append(f"{t}: {exc}")
+            live_failed = live_failed or adapter.SUPPORTS_RECONNECT
             continue
         specs.append(TargetSpec(target=t, adapter=adapter, session=session))
     if failed:
@@ -123,7 +125,7 @@ def open_targets(targets: list[str], options: dict[str, Any], wait: bool, prog: 
                 s.session.close()
         for msg in failed:
             print(f"rltperf {prog}: cannot attach: {msg}", file=sys.stderr)
-        if not wait:
+        if not wait and live_failed:
             print(f"rltperf {prog}: (--wait keeps retrying a live target until it answers)", file=sys.stderr)
         return None
     return specs
