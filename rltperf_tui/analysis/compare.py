@@ -215,9 +215,8 @@ def _flat_info(
             d[f"contract.{k}"] = v
     if header:
         d["recorded_on_host"] = header.get("host")
-    if ceiling is not None:
-        d["peak_bw_gbps"] = ceiling.peak_bw_gbps
-        d["peak_gflops"] = ceiling.peak_gflops
+    # The ceiling is measurement context, not configuration: two starts of one engine take
+    # two quick calibrations that differ by noise.  MBU is compared against one peak.
     return d
 
 
@@ -318,14 +317,20 @@ def compare_recordings(
     diffs.append(d)
     peak_a = A.ceiling.peak_bw_gbps if A.ceiling else None
     peak_b = B.ceiling.peak_bw_gbps if B.ceiling else None
-    if peak_a and peak_a == peak_b and all(p["bytes_known"] for p in A.parts + B.parts):
-        d = S.compare_ratio("MBU", "fraction", ab, bb, "mbu", rng, resamples, peak_bw_gbps=peak_a)
+    peak_mbu = peak_a or peak_b
+    if peak_a and peak_b and peak_a != peak_b:
+        src_a = A.ceiling.source if A.ceiling else "?"
+        src_b = B.ceiling.source if B.ceiling else "?"
+        warnings.append(
+            f"A and B were measured against different peaks ({peak_a:.1f} GB/s, {src_a}; {peak_b:.1f} GB/s, "
+            f"{src_b}): MBU of both is computed against A's {peak_a:.1f} GB/s"
+        )
+    if peak_mbu and all(p["bytes_known"] for p in A.parts + B.parts):
+        d = S.compare_ratio("MBU", "fraction", ab, bb, "mbu", rng, resamples, peak_bw_gbps=peak_mbu)
     else:
         why = (
             "no peak bandwidth known (pass --peak-gbps)"
-            if not (peak_a or peak_b)
-            else "A and B have different peak bandwidths"
-            if peak_a != peak_b
+            if not peak_mbu
             else "the engine reports no bytes per step"
         )
         d = S.Diff("MBU", "fraction", None, None, verdict="no data", reason=why)
@@ -336,7 +341,7 @@ def compare_recordings(
 
     # ---- drift: quarters of each recording, and rounds
     drift: dict[str, Any] = {"segments": {}, "rounds": None}
-    peak = peak_a if peak_a and peak_a == peak_b else None
+    peak = peak_mbu
     for d in diffs:
         if not d.significant:
             continue

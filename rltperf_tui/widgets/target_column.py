@@ -18,6 +18,7 @@ from rltperf_tui.widgets.loops import LoopsPanel
 from rltperf_tui.widgets.panel import Panel, PanelContext
 from rltperf_tui.widgets.queue_kv import QueuePanel
 from rltperf_tui.widgets.roofline_panel import RooflinePanel
+from rltperf_tui.widgets.server_metrics import ServerMetricsPanel
 from rltperf_tui.widgets.step_timeline import StepTimeline
 from rltperf_tui.widgets.target_header import TargetHeader
 
@@ -42,6 +43,7 @@ class TargetColumn(VerticalScroll):
         yield TargetHeader(classes="panel")
         with Vertical(classes="panes"):
             with Vertical(classes="stack left"):
+                yield ServerMetricsPanel(classes="panel metrics-only")
                 yield StepTimeline(classes="panel")
                 yield LatencyPanel(classes="panel")
                 yield DevicePanel(classes="panel")
@@ -58,8 +60,14 @@ class TargetColumn(VerticalScroll):
         self.set_class(self.size.width >= WIDE_AT, "-wide")
 
     def show(self, ctx: PanelContext) -> None:
-        """Hand the tick's data to every panel."""
+        """Hand the tick's data to every panel shown."""
         if self._panels is None:
             self._panels = list(self.query(Panel))
+        # A metrics endpoint (vllm+http://) sends no step records: its column shows the
+        # server-metrics panel instead of the step-based ones (class -metrics in app.tcss).
+        metrics_only = bool(ctx.stats.metrics) and len(ctx.stats.steps) == 0
+        if metrics_only != self.has_class("-metrics"):
+            self.set_class(metrics_only, "-metrics")
         for panel in self._panels:
-            panel.show(ctx)
+            if panel.display:
+                panel.show(ctx)

@@ -1,0 +1,94 @@
+"""Server metrics: what a metrics endpoint (vLLM's ``/metrics``) says, for targets that
+send no step records (``vllm+http://``).
+
+Rates are counter gains over the scrape intervals in the window; latency percentiles are
+*histogram estimates* (interpolated inside the server's buckets) and the panel says so;
+MBU from the server's own byte estimate carries its caveat (vLLM counts
+``num_hidden_layers`` once, so a looped model is under-counted unless corrected).
+"""
+
+from __future__ import annotations
+
+from rltperf_tui.widgets._fmt import Lines, bar, ms, num, si
+from rltperf_tui.widgets.panel import Panel, PanelContext
+
+_LATENCIES = (
+    ("ttft", "TTFT"),
+    ("itl", "inter-token"),
+    ("tpot", "TPOT"),
+    ("e2e", "end-to-end"),
+    ("queue", "queue"),
+)
+
+
+class ServerMetricsPanel(Panel):
+    """Engine-wide rates, queue and KV, latency estimates and MBU from a metrics endpoint."""
+
+    DEFAULT_CSS = """
+    ServerMetricsPanel { height: 20; }
+    """
+
+    def panel_title(self, ctx: PanelContext) -> str:
+        return f"Server metrics · /metrics scrapes · last {ctx.window_s:g} s"
+
+    def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
+        ln = Lines()
+        m = ctx.stats.metrics_window(ctx.window_s)
+        if m is None:
+            ln.add("no metrics scraped yet", "$text-muted")
+            return ln
+        ln.add("tokens/s ", "$text-muted").add(si(m.tokens_per_s, digits=1), "bold")
+        ln.add("  prompt/s ", "$text-muted").add(si(m.prompt_tokens_per_s, digits=1))
+        ln.add("  req/s ", "$text-muted").add(num(m.requests_per_s, "{:.2f}"))
+        ln.add("  steps/s ", "$text-muted").add(num(m.steps_per_s, "{:.1f}"))
+        ln.add("  tok/step ", "$text-muted").add(num(m.tokens_per_step, "{:.1f}")).nl()
+        ln.add("running ", "$text-muted").add(num(m.running, "{:.0f}"), "bold")
+        ln.add("  waiting ", "$text-muted").add(num(m.waiting, "{:.0f}"), "bold")
+        ln.add("  KV ", "$text-muted")
+        if m.kv_usage is None:
+            ln.add("n/a")
+        else:
+            ln.add(f"{m.kv_usage:6.1%} ", "bold").add(bar(m.kv_usage, 12))
+        ln.add("  preempted ", "$text-muted").add(f"{m.preemptions:.0f}")
+        if m.prefix_hit_rate is not None:
+            ln.add("  prefix hits ", "$text-muted").add(f"{m.prefix_hit_rate:.1%}")
+        ln.nl()
+        done = ", ".join(f"{k} {v:.0f}" for k, v in sorted(m.finished.items()) if v)
+        ln.add("finished ", "$text-muted").add(done or "none in window").nl()
+        ln.nl()
+        ln.add(f"{'ms':<12}{'p50':>9}{'p95':>9}{'p99':>9}{'mean':>9}", "$text-muted")
+        ln.add("  histogram estimates", "$warning").nl()
+        for key, label in _LATENCIES:
+            d = m.latency_ms.get(key)
+            n = m.latency_samples.get(key, 0)
+            if d is None and not n:
+                continue
+            ln.add(f"{label:<12}", "bold")
+            for q in ("p50", "p95", "p99"):
+                ln.add(f"{ms((d or {}).get(q)):>9}")
+            ln.add(f"{ms(m.latency_mean_ms.get(key)):>9}")
+            capped = m.latency_capped.get(key)
+            note = f"  n={n:,}" + (f", {'/'.join(capped)} beyond the last bucket" if capped else "")
+            ln.add(note, "$text-muted").nl()
+        ln.add(m.percentile_method, "$text-muted").nl()
+        ln.nl()
+        ln.add("bandwidth ", "$text-muted")
+        if m.achieved_gbps is None:
+            ln.add("n/a (start the server with --enable-mfu-metrics for vLLM's byte estimate)", "$text-muted")
+        else:
+            ln.add(f"{m.achieved_gbps:.2f} GB/s", "bold")
+            if m.achieved_gflops is not None:
+                ln.add(f" · {m.achieved_gflops:.1f} GFLOP/s", "bold")
+            ln.add("  MBU ", "$text-muted")
+            if m.mbu is None:
+                ln.add("n/a (no peak known)", "$text-muted")
+            else:
+                ln.add(f"{m.mbu:.1%}", "bold $error" if m.mbu_overcount else "bold")
+                if m.mbu_overcount:
+                    ln.add(" > 100%: the byte estimate or the peak is wrong", "$error")
+        ln.nl()
+        if m.mbu_note:
+            ln.add(m.mbu_note, "$warning").nl()
+        for note in m.notes[:3]:
+            ln.add(note, "$text-muted").nl()
+        return ln
