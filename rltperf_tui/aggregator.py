@@ -50,7 +50,13 @@ from engine_adapters.records import (
     Stats,
     StepRecord,
 )
-from engine_adapters.vllm.histograms import PERCENTILE_METHOD, capped_percentiles, percentiles, pool
+from engine_adapters.vllm.histograms import (
+    PERCENTILE_METHOD,
+    bounded_percentiles,
+    capped_percentiles,
+    percentiles,
+    pool,
+)
 from rltperf_tui import roofline
 
 MAX_STAGES = 24
@@ -330,6 +336,9 @@ class MetricsWindow:
     mbu_note: str | None
     notes: list[str]
     percentile_method: str = PERCENTILE_METHOD
+    latency_bounded: dict[str, list[str]] = field(default_factory=dict)
+    """Percentiles lowered to the bound the exact mean allows (a wide first bucket made
+    the interpolation overshoot): upper limits, shown as such."""
 
 
 METRIC_LATENCIES = ("ttft", "itl", "tpot", "e2e", "queue", "prefill", "decode")
@@ -895,6 +904,7 @@ class TargetStats:
         lat_mean: dict[str, float | None] = {}
         lat_n: dict[str, int] = {}
         capped: dict[str, list[str]] = {}
+        bounded: dict[str, list[str]] = {}
         for name in METRIC_LATENCIES:
             pooled = pool(m.hist[name] for m in win if name in m.hist)
             lat[name] = percentiles(pooled, scale=1e3)
@@ -904,6 +914,9 @@ class TargetStats:
             cap = capped_percentiles(pooled)
             if cap:
                 capped[name] = cap
+            low = bounded_percentiles(pooled)
+            if low:
+                bounded[name] = low
         est = [m for m in win if m.read_bytes is not None]
         gbps = gflops = mbu = None
         if est and span > 0:
@@ -947,4 +960,5 @@ class TargetStats:
             mbu_overcount=mbu is not None and mbu > 1.0,
             mbu_note=mbu_note,
             notes=notes,
+            latency_bounded=bounded,
         )

@@ -64,11 +64,15 @@ class ServerMetricsPanel(Panel):
             if d is None and not n:
                 continue
             ln.add(f"{label:<12}", "bold")
+            low = m.latency_bounded.get(key, [])
             for q in ("p50", "p95", "p99"):
-                ln.add(f"{ms((d or {}).get(q)):>9}")
+                txt = ms((d or {}).get(q))
+                ln.add(f"{('≤' + txt) if q in low else txt:>9}")
             ln.add(f"{ms(m.latency_mean_ms.get(key)):>9}")
             capped = m.latency_capped.get(key)
             note = f"  n={n:,}" + (f", {'/'.join(capped)} beyond the last bucket" if capped else "")
+            if low:
+                note += ", ≤: bucket too wide, bound from the mean"
             ln.add(note, "$text-muted").nl()
         ln.add(m.percentile_method, "$text-muted").nl()
         ln.nl()
@@ -89,6 +93,6 @@ class ServerMetricsPanel(Panel):
         ln.nl()
         if m.mbu_note:
             ln.add(m.mbu_note, "$warning").nl()
-        for note in m.notes[:3]:
+        for note in [n for n in m.notes if n != m.mbu_note][:3]:
             ln.add(note, "$text-muted").nl()
         return ln

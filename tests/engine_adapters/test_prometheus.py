@@ -113,7 +113,9 @@ def test_prometheus_endpoint_parses_and_agrees_with_summary(tmp_path: Path) -> N
     prev = max([le for le, c in buckets if le < le50], default=0.0)
     assert prev <= summ["step_ms"]["p50"] / 1e3 <= le50
     tokens = _one(s, "rltperf_output_tokens_total")
-    assert tokens == pytest.approx(summ["tokens_per_s"] * summ["wall_s"], rel=1e-5)  # wall_s is rounded to 1 us
+    assert tokens == pytest.approx(
+        summ["tokens_per_s"] * summ["wall_s"], rel=1e-5
+    )  # wall_s is rounded to 1 us
     assert _one(s, "rltperf_device_idle_ratio") == pytest.approx(summ["idle_fraction"], abs=1e-9)
     assert summ["mbu"] is not None
     assert _one(s, "rltperf_model_bandwidth_utilization_ratio") == pytest.approx(summ["mbu"], rel=1e-9)
