@@ -271,10 +271,6 @@ class Publisher(threading.Thread):
             else:
                 ready.append(rec)
             r += 1
-            if not r & 7:
-                # Hand the GIL back every few records: an engine thread returning from a
-                # device call then waits for one small chunk, not for the whole batch.
-                _yield_gil()
         self._r = r
         if self._pending:
             ready.extend(self._resolve_pending())
@@ -694,11 +690,6 @@ class Publisher(threading.Thread):
             pass
         self._lsock.close()
         self._sel.close()
-
-
-def _yield_gil() -> None:
-    """Release the GIL briefly so a waiting engine thread can take it."""
-    time.sleep(0)
 
 
 def _same(a: str | None, b: str) -> bool:
