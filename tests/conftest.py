@@ -89,6 +89,18 @@ def start_engine(
     raise RuntimeError("engine did not print its address in time")
 
 
+def run_rltperf(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``rltperf ARGS`` as a user would (a fresh process), capturing its output."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "rltperf_tui.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Calibrations made by the tests (probes run a quick one) stay out of ~/.cache."""

@@ -83,6 +83,15 @@ def _rename_unique(tmp: str, final: str) -> str:
     raise OSError(errno.EEXIST, "no free bundle name", final)
 
 
+def seal_bundle(tmp: str, final: str, meta: dict[str, Any]) -> str:
+    """Write ``meta.json`` into the temp folder and rename it to a new bundle name
+    (never replacing one); returns the bundle path.  Raises ``OSError``."""
+    with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2, default=str)
+        f.write("\n")
+    return _rename_unique(tmp, final)
+
+
 def _count_trace(path: str) -> tuple[int, int]:
     """(events, ProfilerStep spans) of an uncompressed Chrome trace."""
     with open(path, "rb") as f:
@@ -180,10 +189,7 @@ def write_bundle(probe: Probe, job: CaptureJob, post: Callable[[Any], None]) -> 
 
     meta = _meta(probe, job, steps_found, trace_bytes, events, export_s, files)
     try:
-        with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2, default=str)
-            f.write("\n")
-        path = _rename_unique(tmp, final)
+        path = seal_bundle(tmp, final, meta)
     except OSError as exc:
         reason = job.error or _os_error_text(exc, "meta.json")
         shutil.rmtree(tmp, ignore_errors=True)

@@ -351,30 +351,13 @@ class Publisher(threading.Thread):
                 log.warning("probe: step field %r is not in the schema; ignored", key)
         if "flags" in fields:
             flags |= int(fields.pop("flags"))
+        base: dict[str, Any] = {"step_id": sid, "start_ns": start, "end_ns": end, "kind": sl.kind,
+                                "stage_ns": stage, "batch": sl.batch, "tokens": sl.tokens, "flags": flags}  # fmt: skip
         try:
-            rec = StepRecord(
-                step_id=sid,
-                start_ns=start,
-                end_ns=end,
-                kind=sl.kind,
-                stage_ns=stage,
-                batch=sl.batch,
-                tokens=sl.tokens,
-                flags=flags,
-                **fields,
-            )
-        except TypeError as exc:
+            rec = StepRecord(**base, **fields)
+        except TypeError as exc:  # a fact of the wrong type: keep the timing, drop the facts
             log.warning("probe: bad step facts %s: %s", sorted(fields), exc)
-            rec = StepRecord(
-                step_id=sid,
-                start_ns=start,
-                end_ns=end,
-                kind=sl.kind,
-                stage_ns=stage,
-                batch=sl.batch,
-                tokens=sl.tokens,
-                flags=flags,
-            )
+            rec = StepRecord(**base)
         return rec, events
 
     def _new_stage(self, name: Any) -> int | None:

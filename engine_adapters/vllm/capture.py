@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from time import perf_counter_ns as _clk
 from typing import TYPE_CHECKING, Any
 
-from engine_adapters.probe.bundle import BUNDLE_FORMAT, _os_error_text, _rename_unique, bundle_name
+from engine_adapters.probe.bundle import BUNDLE_FORMAT, _os_error_text, bundle_name, seal_bundle
 from engine_adapters.probe.capture import MAX_CAPTURE_STEPS, sanitize_label
 from engine_adapters.probe.contract import CONTRACT_FIELDS, unknown
 from engine_adapters.records import (
@@ -427,10 +427,7 @@ class HttpCapture(threading.Thread):
         note = mode_note(job.mode, facts) if workers else None
         meta = self._meta(facts, steps_captured, trace_bytes, export_s, read_s, out_files, files, note)
         try:
-            with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
-                json.dump(meta, f, indent=2, default=str)
-                f.write("\n")
-            path = _rename_unique(tmp, final)
+            path = seal_bundle(tmp, final, meta)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             self._fail(job.error or _os_error_text(exc, "meta.json"))

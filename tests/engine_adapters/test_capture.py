@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,18 +19,7 @@ import pytest
 from engine_adapters.probe.contract import CONTRACT_FIELDS
 from engine_adapters.records import CaptureDone, CaptureFailed, Refused, StepRecord
 from engine_adapters.tcp import ProbeAdapter
-from tests.conftest import LOOP_ENGINE, ROOT, start_engine
-
-
-def rltperf(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "rltperf_tui.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+from tests.conftest import LOOP_ENGINE, run_rltperf, start_engine
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +38,9 @@ def _trace_events(bundle: Path) -> list[dict]:
 
 @pytest.mark.parametrize("mode", ["full", "ops"])
 def test_capture_bundle_has_exactly_n_steps(engine, mode):
-    out = rltperf("capture", engine.target, "--steps", "5", "--mode", mode, "--label", f"t-{mode}", "--json")
+    out = run_rltperf(
+        "capture", engine.target, "--steps", "5", "--mode", mode, "--label", f"t-{mode}", "--json"
+    )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     bundle = Path(res["bundle"])
@@ -95,7 +85,7 @@ def test_capture_bundle_has_exactly_n_steps(engine, mode):
 
 
 def test_steps_overlapping_the_export_are_flagged(engine):
-    out = rltperf("capture", engine.target, "--steps", "30", "--mode", "full", "--json")
+    out = run_rltperf("capture", engine.target, "--steps", "30", "--mode", "full", "--json")
     assert out.returncode == 0, out.stderr
     bundle = Path(json.loads(out.stdout)["bundle"])
     meta = json.loads((bundle / "meta.json").read_text())
@@ -114,7 +104,7 @@ def test_steps_overlapping_the_export_are_flagged(engine):
 def test_unwarmed_profiler_flags_the_capture_cold(tmp_path):
     eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--snapshots", str(tmp_path), "--no-warm"])
     try:
-        out = rltperf("capture", eng.target, "--steps", "3", "--mode", "ops", "--json")
+        out = run_rltperf("capture", eng.target, "--steps", "3", "--mode", "ops", "--json")
         assert out.returncode == 0, out.stderr
         meta = json.loads((Path(json.loads(out.stdout)["bundle"]) / "meta.json").read_text())
         assert meta["capture"]["cold"] is True and meta["capture"]["steps_captured"] == 3
@@ -144,9 +134,9 @@ def test_second_capture_while_one_runs_is_refused(engine):
 
 
 def test_bad_capture_requests_get_clear_errors(engine):
-    out = rltperf("capture", engine.target, "--steps", "100000", "--mode", "ops")
+    out = run_rltperf("capture", engine.target, "--steps", "100000", "--mode", "ops")
     assert out.returncode == 1 and "out of range" in out.stderr
-    out = rltperf("capture", "tcp://127.0.0.1:1", "--steps", "5")
+    out = run_rltperf("capture", "tcp://127.0.0.1:1", "--steps", "5")
     assert out.returncode == 1 and "connection refused" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -189,7 +179,7 @@ def test_capture_into_unwritable_root_fails_clearly_and_engine_runs(tmp_path, ki
     try:
         eng = start_engine([str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(root), "--dim", "512"])
         try:
-            out = rltperf("capture", eng.target, "--steps", "20", "--mode", "full")
+            out = run_rltperf("capture", eng.target, "--steps", "20", "--mode", "full")
             assert out.returncode == 1
             if kind == "read-only":
                 assert "Read-only file system" in out.stderr or "Permission denied" in out.stderr

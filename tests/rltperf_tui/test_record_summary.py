@@ -3,24 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 
-from tests.conftest import LOOP_ENGINE, ROOT, start_engine
-
-
-def rltperf(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "rltperf_tui.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+from tests.conftest import LOOP_ENGINE, run_rltperf, start_engine
 
 
 def test_summary_matches_the_loops_own_measurement(tmp_path):
@@ -40,12 +26,12 @@ def test_summary_matches_the_loops_own_measurement(tmp_path):
         ]
     )
     try:
-        out = rltperf("record", eng.target, "--duration", "4", "-o", str(rec), "-q")
+        out = run_rltperf("record", eng.target, "--duration", "4", "-o", str(rec), "-q")
         assert out.returncode == 0, out.stderr
         assert rec.stat().st_size > 1000
     finally:
         eng.proc.wait(60)
-    summ = json.loads(rltperf("summary", str(rec), "--json").stdout)
+    summ = json.loads(run_rltperf("summary", str(rec), "--json").stdout)
     loop = json.loads(truth.read_text())
     # The recording covers a slice of the loop; compare over exactly the steps it holds.
     from rltperf_tui.analysis.summary import load_recording
@@ -78,21 +64,21 @@ def test_summary_matches_the_loops_own_measurement(tmp_path):
     assert 0.5 <= summ["gap_ms"]["p50"] < 1.5
     assert 0.0 < summ["idle_fraction"] < 1.0
     # the text form says which statistic it shows
-    text = rltperf("summary", str(rec)).stdout
+    text = run_rltperf("summary", str(rec)).stdout
     assert "pooled samples" in text and "step ms" in text
 
 
 def test_record_refuses_to_overwrite_and_bad_target(tmp_path):
     f = tmp_path / "x.rltrec"
     f.write_bytes(b"keep me")
-    out = rltperf("record", "tcp://127.0.0.1:1", "--duration", "1", "-o", str(f))
+    out = run_rltperf("record", "tcp://127.0.0.1:1", "--duration", "1", "-o", str(f))
     assert out.returncode == 1 and "connection refused" in out.stderr
     assert f.read_bytes() == b"keep me"
-    out = rltperf("summary", str(f))
+    out = run_rltperf("summary", str(f))
     assert out.returncode == 1 and "not an rltperf recording" in out.stderr
-    out = rltperf("record", "bogus://x", "--duration", "1", "-o", str(tmp_path / "y.rltrec"))
+    out = run_rltperf("record", "bogus://x", "--duration", "1", "-o", str(tmp_path / "y.rltrec"))
     assert out.returncode == 1 and "unknown target scheme" in out.stderr
-    out = rltperf("capture", "tcp://127.0.0.1:1", "--steps", "0")
+    out = run_rltperf("capture", "tcp://127.0.0.1:1", "--steps", "0")
     assert out.returncode == 2
 
 
@@ -100,14 +86,14 @@ def test_cut_off_recording_reads_to_its_last_whole_frame(tmp_path):
     eng = start_engine([str(LOOP_ENGINE), "--duration", "30", "--snapshots", str(tmp_path), "--no-warm"])
     rec = tmp_path / "a.rltrec"
     try:
-        assert rltperf("record", eng.target, "--duration", "1.5", "-o", str(rec), "-q").returncode == 0
+        assert run_rltperf("record", eng.target, "--duration", "1.5", "-o", str(rec), "-q").returncode == 0
     finally:
         eng.stop()
     data = rec.read_bytes()
     cut = tmp_path / "cut.rltrec"
     cut.write_bytes(data[: len(data) - 37])
-    full = json.loads(rltperf("summary", str(rec), "--json").stdout)
-    part = rltperf("summary", str(cut), "--json")
+    full = json.loads(run_rltperf("summary", str(rec), "--json").stdout)
+    part = run_rltperf("summary", str(cut), "--json")
     assert part.returncode == 0 and "cut-off frame" in part.stderr
     assert 0 < json.loads(part.stdout)["steps"] <= full["steps"]
     time.sleep(0)
