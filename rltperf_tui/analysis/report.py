@@ -156,6 +156,11 @@ def analyze_bundle(
                 raise ReportError(
                     f"{path} holds {len(inner)} bundles, not one: pass a bundle folder, e.g. the newest: {newest}"
                 )
+            if not os.path.exists(os.path.join(folder, "steps.jsonl")):
+                raise ReportError(
+                    f"{path} is not a capture bundle (no meta.json, trace.json.gz or steps.jsonl): "
+                    "pass the folder `rltperf capture` or the monitor's c / f printed"
+                )
         mp = os.path.join(folder, "meta.json")
         if not os.path.exists(mp):
             problems.append("meta.json is missing: what was requested and the test contract are unknown")

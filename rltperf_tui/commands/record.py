@@ -1,4 +1,4 @@
-"""``rltperf record TARGET --duration S -o FILE``: save a live stream to a recording."""
+"""``rltperf record TARGET [--duration S] -o FILE``: save a live stream to a recording."""
 
 from __future__ import annotations
 
@@ -12,22 +12,24 @@ from rltperf_tui.commands.common import Progress, add_target_options, open_sessi
 
 HELP = "record a target's live stream to a .rltrec file (unprofiled baseline)"
 DESCRIPTION = """\
-Record the records a target streams (steps, requests, device samples) for a fixed
-duration into a recording file.  Recordings are the unprofiled baselines that
+Record the records a target streams (steps, requests, device samples) into a
+recording file, for --duration seconds or until Ctrl-C.  Recordings are the unprofiled baselines that
 `rltperf summary`, `rltperf compare` and `rltperf replay` read.  An existing file is
 never overwritten.  If the engine goes away, what was recorded is kept."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", help="tcp://HOST:PORT, vllm+http://HOST:PORT")
-    p.add_argument("--duration", type=float, required=True, metavar="S", help="seconds to record")
+    p.add_argument(
+        "--duration", type=float, default=None, metavar="S", help="seconds to record (default: until Ctrl-C)"
+    )
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="recording file to create (.rltrec)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     add_target_options(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.duration <= 0:
+    if args.duration is not None and args.duration <= 0:
         print("rltperf record: error: --duration must be positive", file=sys.stderr)
         return 2
     _, session = open_session(args.target, **target_options(args, reconnect=False))
@@ -37,12 +39,14 @@ def run(args: argparse.Namespace) -> int:
     ended = ""
     t0 = time.monotonic()
     next_flush = t0 + 1.0
+    limit = args.duration if args.duration is not None else float("inf")
+    of = f"/{args.duration:g} s" if args.duration is not None else " s (Ctrl-C stops)"
     try:
         while True:
             now = time.monotonic()
-            if now - t0 >= args.duration:
+            if now - t0 >= limit:
                 break
-            recs = session.read(min(0.2, args.duration - (now - t0)))
+            recs = session.read(min(0.2, limit - (now - t0)))
             writer.write(recs)
             for r in recs:
                 if isinstance(r, StepRecord):
@@ -55,11 +59,11 @@ def run(args: argparse.Namespace) -> int:
                 writer.flush()
                 next_flush = now + 1.0
                 prog.show(
-                    f"recording {args.target}: {now - t0:5.1f}/{args.duration:g} s, {steps} steps",
+                    f"recording {args.target}: {now - t0:5.1f}{of}, {steps} steps",
                     key=str(int((now - t0) // 10)),  # without a terminal: a line every 10 s
                 )
     except KeyboardInterrupt:
-        ended = "interrupted"
+        ended = "interrupted" if args.duration is not None else ""
     finally:
         writer.close()
         session.close()

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
+import subprocess
+import sys
 import time
 
-from tests.conftest import LOOP_ENGINE, run_rltperf, start_engine
+from tests.conftest import LOOP_ENGINE, ROOT, run_rltperf, start_engine
 
 
 def test_summary_matches_the_loops_own_measurement(tmp_path):
@@ -85,10 +89,23 @@ def test_record_refuses_to_overwrite_and_bad_target(tmp_path):
 def test_cut_off_recording_reads_to_its_last_whole_frame(tmp_path):
     eng = start_engine([str(LOOP_ENGINE), "--duration", "30", "--snapshots", str(tmp_path), "--no-warm"])
     rec = tmp_path / "a.rltrec"
+    open_ended = tmp_path / "ctrl-c.rltrec"
     try:
         assert run_rltperf("record", eng.target, "--duration", "1.5", "-o", str(rec), "-q").returncode == 0
+        # no --duration: records until Ctrl-C, which is a normal end (exit 0), file kept
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        cmd = [sys.executable, "-m", "rltperf_tui.cli", "record", eng.target, "-o", str(open_ended), "-q"]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not open_ended.exists() or open_ended.stat().st_size < 2000):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "wrote" in out and "stopped early" not in err
     finally:
         eng.stop()
+    assert json.loads(run_rltperf("summary", str(open_ended), "--json").stdout)["steps"] > 0
     data = rec.read_bytes()
     cut = tmp_path / "cut.rltrec"
     cut.write_bytes(data[: len(data) - 37])
@@ -96,4 +113,3 @@ def test_cut_off_recording_reads_to_its_last_whole_frame(tmp_path):
     part = run_rltperf("summary", str(cut), "--json")
     assert part.returncode == 0 and "cut-off frame" in part.stderr
     assert 0 < json.loads(part.stdout)["steps"] <= full["steps"]
-    time.sleep(0)

@@ -173,6 +173,11 @@ def test_report_on_broken_or_absent_files(bundles: dict[str, str], tmp_path: Pat
     (tmp_path / "x.txt").write_text("hello")
     rc, _, err = report(str(tmp_path / "x.txt"))
     assert rc == 1 and "neither a bundle" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("not a bundle")
+    rc, _, err = report(str(empty))
+    assert rc == 1 and "is not a capture bundle" in err and "Traceback" not in err
 
 
 def _png_size(p: Path) -> tuple[int, int]:
