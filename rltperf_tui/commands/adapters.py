@@ -1,4 +1,4 @@
-"""``rltperf adapters``: list the installed adapters (without importing them first)."""
+"""``rltperf adapters``: list the installed adapters and the targets each accepts."""
 
 from __future__ import annotations
 
@@ -7,22 +7,27 @@ import argparse
 from engine_adapters.registry import available
 
 HELP = "list installed adapters and the targets they accept"
+DESCRIPTION = """\
+List the adapters installed in the `rltperf.adapters` entry-point group, the target
+forms each accepts, and what it reads.  An adapter that fails to import is shown as
+BROKEN with the error (exit 1)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--check", action="store_true", help="import each adapter and report errors")
+    p.add_argument("-l", "--long", action="store_true", help="also show where each adapter is defined")
 
 
 def run(args: argparse.Namespace) -> int:
     bad = 0
     for name, entry in sorted(available().items()):
-        line = f"{name:8s} {entry.value}"
-        if args.check:
-            try:
-                cls = entry.load()
-                line += f"  ok: {', '.join(cls.SCHEMES) or '(files)'}  {cls.DESCRIPTION}"
-            except Exception as exc:
-                bad += 1
-                line += f"  BROKEN: {exc}"
-        print(line)
+        try:
+            cls = entry.load()
+        except Exception as exc:
+            bad += 1
+            print(f"{name:8s} BROKEN: {exc}  ({entry.value})")
+            continue
+        targets = ", ".join(f"{s}…" for s in cls.SCHEMES) or "(files)"
+        print(f"{name:8s} {targets:32s} {cls.DESCRIPTION}")
+        if args.long:
+            print(f"{'':8s} {entry.value}")
     return 1 if bad else 0

@@ -1,0 +1,38 @@
+"""The command line as a new user meets it: help for every command, the adapter list."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_adapters.registry import available
+from rltperf_tui.cli import COMMANDS
+from tests.conftest import run_rltperf
+
+
+def test_top_level_help_names_every_command_and_the_keys() -> None:
+    out = run_rltperf("--help")
+    assert out.returncode == 0, out.stderr
+    for name in COMMANDS:
+        assert f"\n    {name} " in out.stdout, name
+    assert "rltperf demo" in out.stdout and "q quit" in out.stdout
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_explains_itself(name: str) -> None:
+    out = run_rltperf(name, "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: rltperf {name}") and "options:" in out.stdout
+    body = out.stdout.split("\n\n", 2)[1]  # the description paragraph under the usage line
+    assert len(body.split()) >= 8, body
+
+
+def test_adapters_lists_each_installed_adapter_with_its_target_forms() -> None:
+    out = run_rltperf("adapters", "-l")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    for name, entry in available().items():
+        row = next(ln for ln in lines if ln.startswith(f"{name} "))
+        for scheme in entry.load().SCHEMES:
+            assert scheme in row, (scheme, row)
+        assert entry.value in out.stdout
+    assert "tcp://" in out.stdout and "vllm+http://" in out.stdout
