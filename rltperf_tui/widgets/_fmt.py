@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from itertools import groupby
+from operator import itemgetter
+from typing import cast
 
+import numpy as np
 from textual.content import Content
 
 NA = "n/a"
@@ -107,20 +111,20 @@ def bar(frac: float | None, width: int) -> str:
     return s + " " * (width - len(s))
 
 
-def spark(values: Sequence[float], top: float | None = None) -> str:
+def spark(values: Sequence[float] | np.ndarray, top: float | None = None) -> str:
     """One-row sparkline of ``values`` (NaN = blank) scaled to ``top`` (default max)."""
-    finite = [v for v in values if is_num(v)]
+    v = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(v)
     if top is None:
-        top = max(finite) if finite else 0.0
-    out = []
-    for v in values:
-        if not is_num(v):
-            out.append(" ")
-        elif top <= 0:
-            out.append(BLOCKS[1])
-        else:
-            out.append(BLOCKS[max(1, min(8, math.ceil(v / top * 8)))])
-    return "".join(out)
+        top = float(v[finite].max()) if finite.any() else 0.0
+    if top <= 0:
+        level = np.ones(v.shape, dtype=np.int64)
+    else:
+        with np.errstate(invalid="ignore"):
+            level = np.clip(np.ceil(np.nan_to_num(v) / top * 8), 1, 8).astype(np.int64)
+    level[~finite] = 0
+    levels = cast(list[int], level.tolist())
+    return "".join([BLOCKS[i] for i in levels])
 
 
 Row = tuple[tuple[str, str], ...]
@@ -159,9 +163,9 @@ class Lines:
         return self
 
     def extend(self, parts: Iterable[tuple[str, str]]) -> Lines:
-        """Append several styled parts."""
-        for t, st in parts:
-            self.add(t, st)
+        """Append several styled parts (runs of one style joined first)."""
+        for st, run in groupby(parts, key=itemgetter(1)):
+            self.add("".join(t for t, _ in run), st)
         return self
 
     def rows(self) -> list[Row]:

@@ -10,10 +10,10 @@ than this panel has at 80x24; a stacked bar reads at a glance.)
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
-from itertools import accumulate
 
-from rltperf_tui.widgets._fmt import BLOCKS, STAGE_COLORS, STAGE_GLYPHS, Lines, is_num, ms, spark
+import numpy as np
+
+from rltperf_tui.widgets._fmt import BLOCKS, STAGE_COLORS, STAGE_GLYPHS, Lines, ms, spark
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
 AXIS_W = 9
@@ -61,24 +61,26 @@ class StepTimeline(Panel):
             return ln
         no_color = self.app.no_color
         idx = {n: st.stage_names.index(n) for n in names}
-        # Stage stacks per column; the part of the step no stage covers is "other".
-        stacks: list[list[tuple[str, float]]] = []
-        totals: list[float] = []
-        for c in range(cols):
-            tot = step_ms[c]
-            if not is_num(tot):
-                stacks.append([])
-                totals.append(math.nan)
-                continue
-            parts = [(n, stage_ms[n][c]) for n in names if is_num(stage_ms[n][c]) and stage_ms[n][c] > 0]
-            covered = sum(v for _, v in parts)
-            if tot - covered > 0.02 * tot:
-                parts.append(("other", tot - covered))
-            stacks.append(parts)
-            totals.append(max(tot, covered))
-        finite = [t for t in totals if is_num(t)]
-        top = _nice_top(max(finite) if finite else 1.0)
+        # Stage stacks per column (rows: stages in order, then "other": the part of the
+        # step no stage covers, when over 2 %), in eighths of a cell; numpy over columns.
+        tot = np.asarray(step_ms, dtype=np.float64)
+        valid = np.isfinite(tot)
+        parts = np.zeros((len(names) + 1, cols))
+        if names:
+            sm = np.asarray([stage_ms[n] for n in names], dtype=np.float64)
+            parts[:-1] = np.where(np.isfinite(sm) & (sm > 0), sm, 0.0)
+        covered = parts[:-1].sum(axis=0)
+        rest = np.where(valid, tot, 0.0) - covered
+        parts[-1] = np.where(rest > 0.02 * np.where(valid, tot, 0.0), rest, 0.0)
+        totals = np.where(valid, np.maximum(np.where(valid, tot, 0.0), covered), np.nan)
+        top = _nice_top(float(np.nanmax(totals)) if valid.any() else 1.0)
         unit = top / (chart_h * 8)  # ms per eighth
+        total_e = np.where(valid, np.nan_to_num(totals) / unit, 0.0)
+        cum = np.cumsum(parts / unit, axis=0)
+        nonzero = parts > 0
+        # the last part with any height in each column (a cell above the stages' sum)
+        last_part = np.where(nonzero.any(axis=0), len(parts) - 1 - np.argmax(nonzero[::-1], axis=0), -1)
+        part_names = [*names, "other"]
 
         def style_of(name: str) -> tuple[str, str]:
             if name == "other":
@@ -87,27 +89,21 @@ class StepTimeline(Panel):
             glyph = STAGE_GLYPHS[i % len(STAGE_GLYPHS)] if no_color else "█"
             return glyph, STAGE_COLORS[i % len(STAGE_COLORS)]
 
-        styles: dict[str, tuple[str, str]] = {}
+        cells = [style_of(n) for n in part_names]
         blank = (" ", "")
         grid = [[blank] * cols for _ in range(chart_h)]
-        for c in range(cols):
-            parts = stacks[c]
-            if not parts:
-                continue
-            total_e = totals[c] / unit
-            cum = list(accumulate(v / unit for _, v in parts))
-            last = len(parts) - 1
-            for row in range(min(chart_h, math.ceil(total_e / 8))):
-                lo = row * 8
-                # the stage at the cell's middle (or at its top, for a partial cell)
-                k = min(bisect_right(cum, min(lo + 4, total_e - 0.01)), last)
-                name = parts[k][0]
-                cell = styles.get(name)
-                if cell is None:
-                    cell = styles[name] = style_of(name)
-                if total_e < lo + 8:
-                    cell = (BLOCKS[max(1, min(8, round(total_e - lo)))], cell[1])
-                grid[row][c] = cell
+        for row in range(chart_h):
+            lo = row * 8
+            # the part at the cell's middle (or at its top, for a partial cell)
+            mid = np.minimum(lo + 4, total_e - 0.01)
+            k = np.minimum((cum <= mid).sum(axis=0), last_part)
+            filled = (total_e > lo) & (last_part >= 0)
+            partial = filled & (total_e < lo + 8)
+            eighths = np.clip(np.rint(total_e - lo), 1, 8).astype(np.int64)
+            line = grid[row]
+            for c in np.flatnonzero(filled).tolist():
+                cell = cells[k[c]]
+                line[c] = (BLOCKS[eighths[c]], cell[1]) if partial[c] else cell
         ln = Lines()
         for row in range(chart_h - 1, -1, -1):
             if row == chart_h - 1:
@@ -119,8 +115,8 @@ class StepTimeline(Panel):
             ln.extend(grid[row])
             ln.nl()
         # gap row: mean gap per bucket, scaled to its own max
-        gfin = [g for g in gap_ms if is_num(g)]
-        gmax = max(gfin) if gfin else None
+        garr = np.asarray(gap_ms, dtype=np.float64)
+        gmax = float(np.nanmax(garr)) if np.isfinite(garr).any() else None
         ln.add("gap".rjust(AXIS_W - 1) + "┤", "$text-muted")
         ln.add(spark(gap_ms, gmax), "$warning")
         ln.nl()
@@ -132,8 +128,9 @@ class StepTimeline(Panel):
         # legend: mean ms per step by stage over the chart's span (stage order = stack order)
         items: list[tuple[str, str, str]] = []
         for n in names:
-            vals = [v for v in stage_ms[n] if is_num(v)]
-            mean = sum(vals) / len(vals) if vals else 0.0
+            vals = np.asarray(stage_ms[n], dtype=np.float64)
+            vals = vals[np.isfinite(vals)]
+            mean = float(vals.mean()) if vals.size else 0.0
             glyph, style = style_of(n)
             items.append((glyph, style, f"{n} {ms(mean)}"))
         line_w = 0

@@ -175,6 +175,109 @@ def test_timeline_buckets_and_idle_gaps():
     assert g.after_step == 200 and g.length_ms == pytest.approx(51.0)
     assert g.grown_stage == "forward" and g.grown_ms == pytest.approx(30.0)
     tl = a.timeline(seconds=2.0, buckets=4)
-    assert sum(tl["steps"]) == a.window(2.0).steps
+    ends = a.steps.last("end")
+    assert tl["bucket_s"] == 0.5 and tl["t0_ns"] % (500 * MS) == 0  # aligned to absolute time
+    assert a.now_ns - 2000 * MS < tl["t0_ns"] <= a.now_ns - 1500 * MS
+    assert sum(tl["steps"]) == int((ends >= tl["t0_ns"]).sum())
     assert all(math.isnan(v) or 3.9 < v < 40 for v in tl["step_ms"])
     assert set(tl["stage_ms"]) == {"schedule", "forward", "sample"}
+
+
+def _timeline_from_scratch(recs, now_ns, seconds, buckets):
+    bns = int(seconds * 1e9 / buckets)
+    first = now_ns // bns - buckets + 1
+    start, end, ids = (np.array([getattr(r, f) for r in recs]) for f in ("start_ns", "end_ns", "step_id"))
+    fwd = np.array([r.stage_ns[1] for r in recs])
+    b = end // bns - first
+    out = {"t0_ns": first * bns, "steps": [], "step_ms": [], "forward": [], "gap_ms": []}
+    for j in range(buckets):
+        sel = b == j
+        out["steps"].append(int(sel.sum()))
+        gsel = sel[1:] & (np.diff(ids) == 1)
+        gaps = (start[1:] - end[:-1])[gsel]
+        out["gap_ms"].append(float(gaps.mean()) / 1e6 if gaps.size else math.nan)
+        out["step_ms"].append(float((end - start)[sel].mean()) / 1e6 if sel.any() else math.nan)
+        out["forward"].append(float(fwd[sel].mean()) / 1e6 if sel.any() else math.nan)
+    return out
+
+
+def _same(a, b):
+    return all((math.isnan(x) and math.isnan(y)) or x == pytest.approx(y) for x, y in zip(a, b, strict=True))
+
+
+def test_timeline_fed_in_pieces_equals_one_pass_over_the_window():
+    """The timeline keeps per-bucket sums and adds only new rows at each call; fed in
+    uneven batches (with calls between them, records dropped, stalls) or all at once, it
+    must equal a computation from scratch."""
+    rng = np.random.default_rng(7)
+    recs = []
+    t = 0
+    sid = 0
+    for _ in range(3000):
+        d = int(rng.uniform(1, 6) * MS)
+        stages = [int(d * 0.2), int(d * 0.7), int(d * 0.1)]
+        recs.append(StepRecord(step_id=sid, start_ns=t, end_ns=t + d, stage_ns=stages))
+        t += d + int(rng.choice([0.2, 0.2, 0.2, 30.0]) * MS)
+        sid += 2 if rng.random() < 0.02 else 1  # a drop now and then: no gap across it
+    seconds, buckets = 3.0, 37
+    pieces = TargetStats()
+    pieces.add([_hello()])
+    i = 0
+    while i < len(recs):
+        k = int(rng.integers(1, 400))
+        pieces.add(recs[i : i + k])
+        i += k
+        pieces.timeline(seconds, buckets)
+    at_once = TargetStats()
+    at_once.add([_hello(), *recs])
+    for a in (pieces, at_once):
+        for bk in (buckets, 10):  # a different bucket size starts afresh
+            got = a.timeline(seconds, bk)
+            want = _timeline_from_scratch(recs, a.now_ns, seconds, bk)
+            assert got["t0_ns"] == want["t0_ns"] and got["steps"] == want["steps"]
+            assert sum(want["steps"]) > 100 and not all(math.isnan(g) for g in want["gap_ms"])
+            assert _same(got["step_ms"], want["step_ms"])
+            assert _same(got["stage_ms"]["forward"], want["forward"])
+            assert _same(got["gap_ms"], want["gap_ms"])
+
+
+def test_window_sums_slid_forward_equal_a_fresh_window():
+    """window() slides its matrix sums (stages, exits, loop time/tokens) forward between
+    calls; after uneven batches, a ring that wrapped and window sizes that alternate,
+    every figure equals that of a fresh aggregator over the same rows."""
+    rng = np.random.default_rng(3)
+    recs = []
+    t = 0
+    for i in range(6000):
+        d = int(rng.uniform(0.5, 3) * MS)
+        exits = [int(x) for x in rng.integers(0, 5, 4)]
+        loop = [int(x) for x in rng.integers(1, MS, 4)]
+        recs.append(
+            StepRecord(step_id=i, start_ns=t, end_ns=t + d, stage_ns=[d // 5, d // 2, d // 4],
+                       exit_hist=exits, loop_ns=loop, loop_tokens=[8, 6, 4, 2], out_tokens=3)
+        )  # fmt: skip
+        t += d + int(rng.uniform(0, 2) * MS)
+    slid = TargetStats(capacity=2048)  # wraps: 6000 steps through 2048 slots
+    slid.add([_hello()])
+    i = 0
+    while i < len(recs):
+        k = int(rng.integers(1, 300))
+        slid.add(recs[i : i + k])
+        i += k
+        for sec in (1.0, 2.5):
+            slid.window(sec)
+        if i > 3000:
+            fresh = TargetStats(capacity=2048)
+            fresh.add([_hello(), *recs[:i]])
+            for sec in (1.0, 2.5):
+                a, b = slid.window(sec), fresh.window(sec)
+                assert a.steps == b.steps > 0
+                assert a.exit_hist == b.exit_hist and a.mean_exit_depth == b.mean_exit_depth
+                assert a.loop_ms_mean == pytest.approx(b.loop_ms_mean)
+                assert a.loop_tokens_mean == pytest.approx(b.loop_tokens_mean)
+                assert a.stage_ms_mean == pytest.approx(b.stage_ms_mean)
+    # and against numbers computed from the records themselves
+    w = slid.window(2.5)
+    inside = recs[-w.steps :]
+    assert w.exit_hist == [sum(r.exit_hist[d] for r in inside) for d in range(4)]
+    assert w.loop_ms_mean[0] == pytest.approx(sum(r.loop_ns[0] for r in inside) / len(inside) / MS)
