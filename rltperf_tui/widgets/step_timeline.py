@@ -73,9 +73,15 @@ class StepTimeline(Panel):
         rest = np.where(valid, tot, 0.0) - covered
         parts[-1] = np.where(rest > 0.02 * np.where(valid, tot, 0.0), rest, 0.0)
         totals = np.where(valid, np.maximum(np.where(valid, tot, 0.0), covered), np.nan)
-        top = _nice_top(float(np.nanmax(totals)) if valid.any() else 1.0)
+        # The axis covers the typical columns: a rare outlier (a capture's export step, a
+        # stall) would otherwise flatten every other column for the chart's whole span; it
+        # is drawn to the top with a ↑ and its value is named under the chart.
+        peak = float(np.nanmax(totals)) if valid.any() else 1.0
+        typical = float(np.nanpercentile(totals, 90)) * 1.5 if valid.sum() >= 8 else peak
+        top = _nice_top(min(peak, typical))
+        clipped = valid & (np.nan_to_num(totals) > top * 1.001)
         unit = top / (chart_h * 8)  # ms per eighth
-        total_e = np.where(valid, np.nan_to_num(totals) / unit, 0.0)
+        total_e = np.where(valid, np.minimum(np.nan_to_num(totals) / unit, chart_h * 8), 0.0)
         cum = np.cumsum(parts / unit, axis=0)
         nonzero = parts > 0
         # the last part with any height in each column (a cell above the stages' sum)
@@ -104,6 +110,8 @@ class StepTimeline(Panel):
             for c in np.flatnonzero(filled).tolist():
                 cell = cells[k[c]]
                 line[c] = (BLOCKS[eighths[c]], cell[1]) if partial[c] else cell
+        for c in np.flatnonzero(clipped).tolist():
+            grid[chart_h - 1][c] = ("↑", "bold $warning")
         ln = Lines()
         for row in range(chart_h - 1, -1, -1):
             if row == chart_h - 1:
@@ -122,6 +130,8 @@ class StepTimeline(Panel):
         ln.nl()
         left = f"-{ctx.timeline_s:g} s"
         right = f"now · gap max {ms(gmax)} ms" if gmax is not None else "now"
+        if clipped.any():
+            right = f"↑ {ms(peak)} ms · " + right
         pad = max(1, cols - len(left) - len(right))
         ln.add(" " * AXIS_W + left + " " * pad + right, "$text-muted")
         ln.nl()

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapters.recording import read_all
-from engine_adapters.records import Hello, StepRecord
+from engine_adapters.recording import RecordingWriter, read_all
+from engine_adapters.records import SCHEMA_VERSION, EngineInfo, Hello, StepRecord
+from engine_adapters.replay import ReplayAdapter
 from rltperf_tui.app import MonitorApp, TargetSpec
 from rltperf_tui.screens.help import HelpScreen
 from rltperf_tui.widgets.captures import CapturesPanel
@@ -245,6 +246,40 @@ async def test_no_color_keeps_stages_apart(monkeypatch: pytest.MonkeyPatch) -> N
         await pilot.pause(0.1)
         chart = panel_text(app, StepTimeline)
         assert "▓" in chart and "▒" in chart  # second and third stage glyphs
+
+
+@sync
+async def test_timeline_axis_clips_a_rare_outlier_and_names_it(tmp_path: Path) -> None:
+    """30 s of ~20 ms steps and one 3 s step (a capture's export, a stall): the axis
+    follows the typical columns, the outlier's column reaches the top with ↑ and its value
+    is named under the chart, so the other columns stay readable."""
+    rec = tmp_path / "outlier.rltrec"
+    hello = Hello(schema=SCHEMA_VERSION, engine=EngineInfo(name="e"), stage_names=["schedule", "forward"])
+    steps, t = [], 0
+    for i in range(1500):
+        d = 3_000_000_000 if i == 700 else 20_000_000 + (i % 7) * 1_000_000
+        steps.append(StepRecord(step_id=i, start_ns=t, end_ns=t + d, stage_ns=[d // 10, d - d // 10]))
+        t += d + 1_000_000
+    with RecordingWriter(rec) as w:
+        w.write([hello, *steps])
+    adapter = ReplayAdapter(str(rec), speed=0.0)
+    app = MonitorApp([TargetSpec(target="outlier", adapter=adapter, session=adapter.connect())])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.handles[0].stats.state == "ended", what="end")
+        app.force_render()
+        await pilot.pause(0.1)
+        chart = panel_text(app, StepTimeline)
+    top = float(chart.split("ms┤", 1)[0].split()[-1])
+    assert 26 <= top <= 100, chart  # the typical columns (20-26 ms), not the 3 s one
+    assert "↑" in chart.splitlines()[0], chart  # the clipped column's top cell
+    # named: the highest bucket mean (the 3 s step shares its bucket with a few 20 ms ones)
+    peak = float(chart.split("↑ ", 2)[-1].split(" ms", 1)[0])
+    assert peak > 5 * top, chart
+    tl = app.handles[0].stats.timeline(app.timeline_s, 51)
+    assert max(v for v in tl["step_ms"] if v == v) == pytest.approx(peak, rel=0.01)
+    rows = chart.splitlines()
+    bottom = next(i for i, r in enumerate(rows) if r.strip().startswith("0 ms┤"))
+    assert sum(r.count("█") for r in rows[: bottom + 1]) > 150  # the typical columns are tall
 
 
 def test_recording_fixture_is_small() -> None:
