@@ -183,6 +183,16 @@ def test_timeline_buckets_and_idle_gaps():
     assert set(tl["stage_ms"]) == {"schedule", "forward", "sample"}
 
 
+def _in_pieces(stats, recs, rng, most):
+    """Add ``recs`` in uneven batches of 1 to ``most`` - 1; yield how many are in after each."""
+    i = 0
+    while i < len(recs):
+        k = int(rng.integers(1, most))
+        stats.add(recs[i : i + k])
+        i += k
+        yield min(i, len(recs))
+
+
 def _timeline_from_scratch(recs, now_ns, seconds, buckets):
     bns = int(seconds * 1e9 / buckets)
     first = now_ns // bns - buckets + 1
@@ -222,11 +232,7 @@ def test_timeline_fed_in_pieces_equals_one_pass_over_the_window():
     seconds, buckets = 3.0, 37
     pieces = TargetStats()
     pieces.add([_hello()])
-    i = 0
-    while i < len(recs):
-        k = int(rng.integers(1, 400))
-        pieces.add(recs[i : i + k])
-        i += k
+    for _ in _in_pieces(pieces, recs, rng, 400):
         pieces.timeline(seconds, buckets)
     at_once = TargetStats()
     at_once.add([_hello(), *recs])
@@ -259,11 +265,7 @@ def test_window_sums_slid_forward_equal_a_fresh_window():
         t += d + int(rng.uniform(0, 2) * MS)
     slid = TargetStats(capacity=2048)  # wraps: 6000 steps through 2048 slots
     slid.add([_hello()])
-    i = 0
-    while i < len(recs):
-        k = int(rng.integers(1, 300))
-        slid.add(recs[i : i + k])
-        i += k
+    for i in _in_pieces(slid, recs, rng, 300):
         for sec in (1.0, 2.5):
             slid.window(sec)
         if i > 3000:
