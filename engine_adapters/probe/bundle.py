@@ -92,6 +92,39 @@ def seal_bundle(tmp: str, final: str, meta: dict[str, Any]) -> str:
     return _rename_unique(tmp, final)
 
 
+def post_outcome(
+    job: Any,
+    path: str,
+    post: Callable[[Any], None],
+    *,
+    steps_captured: int,
+    trace_bytes: int,
+    events: int,
+    export_s: float,
+    note: str | None = None,
+) -> None:
+    """After ``seal_bundle``: a job that met an error is failed (its bundle kept and named),
+    otherwise saved; set its state and post ``CaptureFailed`` or ``CaptureDone``."""
+    if job.error:
+        job.state = "failed"
+        post(CaptureFailed(capture_id=job.capture_id, reason=job.error, bundle=path))
+        return
+    job.state = "saved"
+    post(
+        CaptureDone(
+            capture_id=job.capture_id,
+            bundle=path,
+            steps_requested=job.steps,
+            steps_captured=steps_captured,
+            trace_bytes=trace_bytes,
+            events=events,
+            export_s=round(export_s, 4),
+            mode=job.mode,
+            note=note,
+        )
+    )
+
+
 def _count_trace(path: str) -> tuple[int, int]:
     """(events, ProfilerStep spans) of an uncompressed Chrome trace."""
     with open(path, "rb") as f:
@@ -197,23 +230,9 @@ def write_bundle(probe: Probe, job: CaptureJob, post: Callable[[Any], None]) -> 
         post(CaptureFailed(capture_id=job.capture_id, reason=reason))
         return None
 
-    if job.error:
-        job.state = "failed"
-        post(CaptureFailed(capture_id=job.capture_id, reason=job.error, bundle=path))
-    else:
-        job.state = "saved"
-        post(
-            CaptureDone(
-                capture_id=job.capture_id,
-                bundle=path,
-                steps_requested=job.steps,
-                steps_captured=steps_found,
-                trace_bytes=trace_bytes,
-                events=events,
-                export_s=round(export_s, 4),
-                mode=job.mode,
-            )
-        )
+    post_outcome(
+        job, path, post, steps_captured=steps_found, trace_bytes=trace_bytes, events=events, export_s=export_s
+    )
     log.info("capture %s -> %s (%s)", job.capture_id, path, job.error or "ok")
     return path
 

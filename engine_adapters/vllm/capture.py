@@ -32,11 +32,10 @@ from datetime import datetime, timezone
 from time import perf_counter_ns as _clk
 from typing import TYPE_CHECKING, Any
 
-from engine_adapters.probe.bundle import BUNDLE_FORMAT, _os_error_text, bundle_name, seal_bundle
+from engine_adapters.probe.bundle import BUNDLE_FORMAT, _os_error_text, bundle_name, post_outcome, seal_bundle
 from engine_adapters.probe.capture import MAX_CAPTURE_STEPS, sanitize_label
 from engine_adapters.probe.contract import CONTRACT_FIELDS, unknown
 from engine_adapters.records import (
-    CaptureDone,
     CaptureExporting,
     CaptureFailed,
     CaptureProgress,
@@ -432,23 +431,15 @@ class HttpCapture(threading.Thread):
             shutil.rmtree(tmp, ignore_errors=True)
             self._fail(job.error or _os_error_text(exc, "meta.json"))
             return
-        if job.error:
-            job.state = "failed"
-            self.post(CaptureFailed(capture_id=job.capture_id, reason=job.error, bundle=path))
-            return
-        job.state = "saved"
-        self.post(
-            CaptureDone(
-                capture_id=job.capture_id,
-                bundle=path,
-                steps_requested=job.steps,
-                steps_captured=steps_captured,
-                trace_bytes=trace_bytes,
-                events=facts.events,
-                export_s=round(export_s, 4),
-                mode=job.mode,
-                note=note,
-            )
+        post_outcome(
+            job,
+            path,
+            self.post,
+            steps_captured=steps_captured,
+            trace_bytes=trace_bytes,
+            events=facts.events,
+            export_s=export_s,
+            note=note,
         )
         log.info("vLLM capture %s -> %s", job.capture_id, path)
 

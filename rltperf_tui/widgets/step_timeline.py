@@ -70,9 +70,10 @@ class StepTimeline(Panel):
             sm = np.asarray([stage_ms[n] for n in names], dtype=np.float64)
             parts[:-1] = np.where(np.isfinite(sm) & (sm > 0), sm, 0.0)
         covered = parts[:-1].sum(axis=0)
-        rest = np.where(valid, tot, 0.0) - covered
-        parts[-1] = np.where(rest > 0.02 * np.where(valid, tot, 0.0), rest, 0.0)
-        totals = np.where(valid, np.maximum(np.where(valid, tot, 0.0), covered), np.nan)
+        tot0 = np.where(valid, tot, 0.0)
+        rest = tot0 - covered
+        parts[-1] = np.where(rest > 0.02 * tot0, rest, 0.0)
+        totals = np.where(valid, np.maximum(tot0, covered), np.nan)
         # The axis covers the typical columns: a rare outlier (a capture's export step, a
         # stall) would otherwise flatten every other column for the chart's whole span; it
         # is drawn to the top with a ↑ and its value is named under the chart.
