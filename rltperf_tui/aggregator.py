@@ -708,22 +708,14 @@ class TargetStats:
         """Records known lost: probe ring + this subscriber's queue (+ id holes seen)."""
         return max(self.dropped_ring + self.dropped_sub, self.id_gaps)
 
-    def _window_rows(self, seconds: float | None) -> tuple[slice | np.ndarray, int, int]:
-        """Index range (into ``last(k)`` arrays) of steps ending in the window."""
-        k = len(self.steps)
-        if k == 0:
-            return slice(0, 0), 0, 0
-        end = self.steps.last("end")
-        if seconds is None:
-            return slice(0, k), k, 0
-        lo = np.searchsorted(end, self.now_ns - int(seconds * 1e9), side="right")
-        return slice(int(lo), k), k, int(lo)
-
     def _window_cols(self, seconds: float | None) -> Any:
-        """``col(name)``: the window's rows of a step column, copying only those rows
-        (a whole-ring copy of the stage matrix is megabytes, at every render tick)."""
-        _, k, lo = self._window_rows(seconds)
-        rows = k - lo
+        """``col(name)``: the rows of a step column that end in the last ``seconds``
+        (None: all kept), copying only those rows (a whole-ring copy of the stage matrix is
+        megabytes, at every render tick)."""
+        rows = len(self.steps)
+        if rows and seconds is not None:
+            end = self.steps.last("end")
+            rows -= int(np.searchsorted(end, self.now_ns - int(seconds * 1e9), side="right"))
         last = self.steps.last
 
         def col(name: str) -> np.ndarray:
