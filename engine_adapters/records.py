@@ -340,6 +340,10 @@ class Stats(_Rec, tag="stats", frozen=True):
     """Records dropped for *this* subscriber because it did not read fast enough."""
     subscribers: int = 0
     """Subscribers attached."""
+    in_step_since_ns: int = -1
+    """At ``ts_ns`` the engine was inside a step that began at this time (probe clock);
+    0: between steps (the time since the last step's end is idle, and the heartbeat
+    vouches for it); -1: not said (an older probe)."""
 
 
 class CaptureStarted(_Rec, tag="cap_started", frozen=True):
@@ -426,6 +430,8 @@ class Bye(_Rec, tag="bye", frozen=True):
 
     reason: str = ""
     """Why."""
+    ts_ns: int = 0
+    """Probe monotonic time of the goodbye (0: not said): the stream's last moment."""
 
 
 class SessionEvent(_Rec, tag="session", frozen=True):

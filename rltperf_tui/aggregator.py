@@ -12,8 +12,12 @@ The same code serves ``rltperf summary``, the live screen, ``compare`` and
   percentiles are of the pooled samples in the window; failed requests are counted;
 - goodput = completed requests per second meeting both SLOs (DistServe).
 
-"Now" is the newest data time seen, not the wall clock, so a replay gives the same
-numbers as the live stream did.
+The window figures (idle, MBU, tokens/s, steps/s, goodput) are defined once, in
+``engine_adapters.figures``: a window is wall time on the probe's clock, up to the
+newest moment the data vouches for (a step's end, or a heartbeat between steps), so
+a quiet engine reads idle, and a hung one stops the clock (the screen says so).
+Profiled, exporting and warm-up steps leave every figure.  Time is data time, not the
+monitor's wall clock, so a replay gives the same numbers as the live stream did.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_adapters import figures as F
 from engine_adapters.records import (
     FLAG_EXPORTING,
     FLAG_PROFILED,
@@ -112,11 +117,6 @@ def _matrix(rows: Sequence[list[int] | None], width: int, dtype: Any) -> np.ndar
         m = min(a.shape[1], width)
         out[:, :m] = a[:, :m]
         return out
-    for i, r in enumerate(rows):
-        if r:
-            m = min(len(r), width)
-            out[i, :m] = r[:m]
-    return out
     for i, r in enumerate(rows):
         if r:
             m = min(len(r), width)
@@ -368,6 +368,7 @@ class Window:
 
     seconds: float
     span_s: float
+    """Window wall time (``w1 − w0``), excluded time included."""
     steps: int
     step_ms: dict[str, float | None]
     gap_ms: dict[str, float | None]
@@ -402,12 +403,24 @@ class Window:
     profiled_steps: int
     warmup_steps: int
     exporting_steps: int
+    baseline_s: float = 0.0
+    """The figures' denominator: wall time less ``excluded_s``."""
+    excluded_s: float = 0.0
+    """Time owned by profiled/exporting/warm-up steps (left out of every figure)."""
+    requests_excluded: int = 0
+    """Requests in flight during excluded time (left out of TTFT/TPOT and goodput)."""
+    quiet_s: float = 0.0
+    """Data time since the newest step ended (0 while steps come)."""
+    in_step_idle: float | None = None
+    """1 − Σ busy / Σ step time over the window's steps (the verdict's input)."""
 
     def as_summary(self) -> dict[str, Any]:
         """The ``rltperf summary --json`` shape."""
         return {
             "steps": self.steps,
             "wall_s": round(self.span_s, 6),
+            "baseline_s": round(self.baseline_s, 6),
+            "excluded_s": round(self.excluded_s, 6),
             "step_ms": self.step_ms,
             "gap_ms": self.gap_ms,
             "idle_fraction": self.idle_fraction,
@@ -496,6 +509,17 @@ class TargetStats:
     captures: dict[str, CaptureView] = field(default_factory=dict)
     messages: deque[str] = field(default_factory=lambda: deque(maxlen=20))
     now_ns: int = 0
+    first_ns: int | None = None
+    """The stream's first timestamp (a heartbeat or a step start), probe clock."""
+    vouched_ns: int = 0
+    """The newest moment the data vouches for (``engine_adapters.figures``)."""
+    in_step_since_ns: int = 0
+    """The newest heartbeat found the engine inside a step begun then (0: between steps)."""
+    ended: bool = False
+    """The probe said goodbye."""
+    reported: tuple[bool, bool, bool] = (False, False, False)
+    """Whether any step so far reported busy time, bytes, FLOPs (a window without such
+    steps then reads 0, not unknown)."""
 
     def __post_init__(self) -> None:
         self.steps = _Ring(self.capacity, _STEP_COLS, self.grow)
@@ -535,12 +559,25 @@ class TargetStats:
             self._add_requests(reqs)
         self.records += len(recs)
 
+    def _seen(self, t_ns: int) -> None:
+        if self.first_ns is None or t_ns < self.first_ns:
+            self.first_ns = t_ns
+
     def _add_other(self, r: Record) -> None:
         if isinstance(r, Stats):
             self.dropped_ring = r.ring_dropped
             self.dropped_sub = r.sub_dropped
             self.steps_total = r.steps_total
             self.now_ns = max(self.now_ns, r.ts_ns)
+            self._seen(r.ts_ns)
+            since = r.in_step_since_ns
+            if since > 0 and (self.last_end_ns is None or since >= self.last_end_ns):
+                # inside a step: the heartbeat vouches for the time up to its start only
+                self.in_step_since_ns = since
+                self.vouched_ns = max(self.vouched_ns, min(since, r.ts_ns))
+            else:  # between steps (or an older probe that does not say)
+                self.in_step_since_ns = 0
+                self.vouched_ns = max(self.vouched_ns, r.ts_ns)
         elif isinstance(r, DeviceSample):
             self.devices[(r.kind, r.index)] = r
             if r.note and r.note not in self.device_notes:
@@ -565,6 +602,10 @@ class TargetStats:
                 self.messages.append(r.detail)
         elif isinstance(r, Bye):
             self.messages.append(f"engine: {r.reason}")
+            self.ended = True
+            if r.ts_ns > 0:
+                self.vouched_ns = max(self.vouched_ns, r.ts_ns)
+                self.now_ns = max(self.now_ns, r.ts_ns)
         elif isinstance(r, (CaptureStarted, CaptureProgress, CaptureExporting, CaptureDone, CaptureFailed)):
             self._capture_event(r)
         elif isinstance(r, Refused):
@@ -635,6 +676,19 @@ class TargetStats:
         self.last_end_ns = end[-1]
         if end[-1] > self.now_ns:
             self.now_ns = end[-1]
+        if end[-1] > self.vouched_ns:
+            self.vouched_ns = end[-1]
+        if self.first_ns is None or start[0] < self.first_ns:
+            self._seen(start[0])
+        if self.in_step_since_ns and end[-1] >= self.in_step_since_ns:
+            self.in_step_since_ns = 0
+        rep = self.reported
+        if not (rep[0] and rep[1] and rep[2]):
+            self.reported = (
+                rep[0] or busy.count(None) < n,
+                rep[1] or b_read.count(None) < n or b_written.count(None) < n,
+                rep[2] or flops.count(None) < n,
+            )
         nbytes: Any
         if None in b_read or None in b_written:
             nbytes = _opt_sum(b_read, b_written)
@@ -708,15 +762,41 @@ class TargetStats:
         """Records known lost: probe ring + this subscriber's queue (+ id holes seen)."""
         return max(self.dropped_ring + self.dropped_sub, self.id_gaps)
 
-    def _window_cols(self, seconds: float | None) -> Any:
-        """``col(name)``: the rows of a step column that end in the last ``seconds``
-        (None: all kept), copying only those rows (a whole-ring copy of the stage matrix is
-        megabytes, at every render tick)."""
+    def window_bounds(self, seconds: float | None) -> tuple[int, int]:
+        """``(w0, w1)`` of the window over the last ``seconds`` (None: the whole stream),
+        probe clock: ``w1`` is the newest moment the data vouches for, ``w0`` never before
+        the stream's first timestamp (``engine_adapters.figures``)."""
+        w1 = self.vouched_ns
+        first = self.first_ns if self.first_ns is not None else w1
+        w0 = first if seconds is None else max(first, w1 - int(seconds * 1e9))
+        return min(w0, w1), w1
+
+    @property
+    def quiet_s(self) -> float:
+        """Data time since the newest step ended while the engine was between steps
+        (0 while steps come, or while a step is running)."""
+        if self.last_end_ns is None or self.in_step_since_ns:
+            return 0.0
+        return max(0.0, (self.vouched_ns - self.last_end_ns) / 1e9)
+
+    def _window_cols(self, seconds: float | None, extra: int = 0) -> Any:
+        """``col(name)``: the rows of a step column that end inside the window of the last
+        ``seconds`` (None: all kept), copying only those rows (a whole-ring copy of the
+        stage matrix is megabytes, at every render tick); ``extra`` older rows before them
+        when kept (``col.rows`` says how many rows are the window's)."""
         rows = len(self.steps)
         if rows and seconds is not None:
             end = self.steps.last("end")
-            rows -= int(np.searchsorted(end, self.now_ns - int(seconds * 1e9), side="right"))
+            w0, _ = self.window_bounds(seconds)
+            rows -= int(np.searchsorted(end, w0, side="right"))
         last = self.steps.last
+        if extra:
+
+            def col_x(name: str) -> np.ndarray:
+                return last(name, rows + extra)
+
+            col_x.rows = rows  # type: ignore[attr-defined]
+            return col_x
 
         def col(name: str) -> np.ndarray:
             return last(name, rows)
@@ -726,24 +806,52 @@ class TargetStats:
     def window(
         self, seconds: float | None = 10.0, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
     ) -> Window:
-        """Statistics over the last ``seconds`` of data time (None: everything kept)."""
-        col = self._window_cols(seconds)
-        start = col("start")
-        end = col("end")
+        """Statistics over the window of the last ``seconds`` of data time (None: the whole
+        stream); rates are ``engine_adapters.figures``'s, percentiles leave excluded steps
+        (profiled, exporting, warm-up) and the requests in flight during them out."""
+        w0, w1 = self.window_bounds(seconds)
+        colx = self._window_cols(seconds, extra=1)
+        n = int(colx.rows)
+        start_x = colx("start")
+        end_x = colx("end")
+        k = start_x.size - n  # 1 when the step before the window is kept
+
+        def col(name: str) -> np.ndarray:
+            return colx(name)[k:]
+
+        start = start_x[k:]
+        end = end_x[k:]
         ids = col("step_id")
-        n = int(end.size)
+        flags = col("flags")
         names = self.stage_names
         ceiling = self.ceiling
         peak_bw = ceiling.peak_bw_gbps if ceiling else None
         peak_fl = ceiling.peak_gflops if ceiling else None
-        if n == 0:
-            span = 0.0
-        elif seconds is None:
-            span = (int(end[-1]) - int(start[0])) / 1e9
-        else:
-            span = min(float(seconds), (int(end[-1]) - int(start[0])) / 1e9)
+        # each step owns the time from the previous step's end (figures.owned_from)
+        t0 = int(end_x[0]) if k else (self.first_ns if self.first_ns is not None else w0)
+        owned_lo = F.owned_from(start, end, t0)
+        busy = col("busy")
+        nbytes = col("bytes")
+        flops = col("flops")
+        out_tok = col("out_tokens")
+        fig = F.window_figures(
+            start=start,
+            end=end,
+            flags=flags,
+            busy=busy,
+            nbytes=nbytes,
+            flops=flops,
+            tokens=out_tok,
+            w0_ns=w0,
+            w1_ns=w1,
+            owned_lo=owned_lo,
+            reported=self.reported,
+        )
+        keep = (flags & F.EXCLUDED_FLAGS) == 0
+        n_keep = int(keep.sum())
         dur = (end - start).astype(np.float64)
-        consec = np.diff(ids) == 1
+        dur_k = dur[keep]
+        consec = (np.diff(ids) == 1) & keep[1:] & keep[:-1]
         gaps = (start[1:] - end[:-1]).astype(np.float64)[consec] if n > 1 else np.zeros(0)
         ws = self._wsums.get(seconds)
         if ws is None:
@@ -751,64 +859,58 @@ class TargetStats:
                 self._wsums.pop(next(iter(self._wsums)))
             ws = self._wsums[seconds] = _WindowSums()
         sums = ws.get(self.steps, self.steps.n - n, self.steps.n)
+        if n_keep < n:  # take the few excluded rows back out of the sliding sums
+            sums = {c: v - col(c)[~keep].sum(axis=0, dtype=np.int64) for c, v in sums.items()}
         stage_mean = {}
-        if n:
-            means = sums["stages"][: len(names)] / n / 1e6 if names else np.zeros(0)
+        if n_keep:
+            means = sums["stages"][: len(names)] / n_keep / 1e6 if names else np.zeros(0)
             stage_mean = {nm: float(v) for nm, v in zip(names, means, strict=False) if v > 0}
-        # device busy / idle
-        busy = col("busy")
-        known = ~np.isnan(busy)
-        idle: float | None = None
-        if n and known.any() and span > 0:
-            w0 = int(end[-1]) - int(span * 1e9)
-            b = busy[known]
-            # clip the first step's busy to the part of it inside the window
-            s0 = start[known]
-            frac_in = np.clip((end[known] - np.maximum(s0, w0)) / np.maximum(end[known] - s0, 1), 0, 1)
-            idle = float(1.0 - min(1.0, (b * frac_in).sum() / (span * 1e9)))
-        nbytes = col("bytes")
-        flops = col("flops")
-        bknown = ~np.isnan(nbytes)
-        tot_bytes = float(nbytes[bknown].sum()) if bknown.any() else None
-        fknown = ~np.isnan(flops)
-        tot_flops = float(flops[fknown].sum()) if fknown.any() else None
+        known = ~np.isnan(busy) & keep
+        in_step_idle = None
+        if known.any() and dur[known].sum() > 0:
+            in_step_idle = float(1.0 - min(1.0, busy[known].sum() / dur[known].sum()))
         rf = roofline.window_roofline(
-            total_bytes=tot_bytes,
-            total_flops=tot_flops,
-            seconds=span,
+            total_bytes=fig.nbytes,
+            total_flops=fig.flops,
+            seconds=fig.seconds,
             peak_bw_gbps=peak_bw,
             peak_gflops=peak_fl,
-            idle_fraction=idle,
+            in_step_idle=in_step_idle,
         )
+        bknown = ~np.isnan(nbytes) & keep
+        fknown = ~np.isnan(flops)
         ceil_ms = None
-        if n and bknown.any() and peak_bw:
+        if bknown.any() and peak_bw:
             per_step = roofline.ceiling_time_s(
                 nbytes[bknown], np.where(fknown, flops, 0.0)[bknown], peak_bw, peak_fl
             )
             ceil_ms = float(np.median(per_step) * 1e3)
-        out_tok = col("out_tokens")
-        tok_s = float(out_tok.sum() / span) if span > 0 and n else None
-        # requests finishing in the window
+        # requests finishing in the window; those in flight during excluded time leave
         R = self.reqs
         rfin = R.last("finish")
-        if seconds is None:
-            rsl = slice(0, rfin.size)
-        else:
-            rsl = slice(int(np.searchsorted(rfin, self.now_ns - int(seconds * 1e9), side="right")), rfin.size)
+        rsl = slice(int(np.searchsorted(rfin, w0, side="right")), rfin.size)
         ok = R.last("ok")[rsl]
         ttft = R.last("ttft")[rsl]
         tpot = R.last("tpot")[rsl]
-        ttft_ok = ttft[ok & ~np.isnan(ttft)] / 1e6
-        tpot_ok = tpot[ok & ~np.isnan(tpot)] / 1e6
+        all_flags = self.steps.last("flags")
+        clear = np.ones(ok.size, dtype=bool)
+        if ok.size and (all_flags & F.EXCLUDED_FLAGS).any():
+            a_start = self.steps.last("start")
+            a_end = self.steps.last("end")
+            spans = F.excluded_spans(a_start, a_end, all_flags)
+            clear = F.requests_clear_of(R.last("arrival")[rsl], rfin[rsl], spans)
+        ok_c = ok & clear
+        ttft_ok = ttft[ok_c & ~np.isnan(ttft)] / 1e6
+        tpot_ok = tpot[ok_c & ~np.isnan(tpot)] / 1e6
         goodput = None
-        if span > 0 and (slo_ttft_ms is not None or slo_tpot_ms is not None):
-            good = ok.copy()
+        if slo_ttft_ms is not None or slo_tpot_ms is not None:
+            good = ok_c.copy()
             if slo_ttft_ms is not None:
                 good &= ~np.isnan(ttft) & (ttft / 1e6 <= slo_ttft_ms)
             if slo_tpot_ms is not None:
                 # a one-token request has no TPOT: it meets the TPOT SLO trivially
                 good &= np.isnan(tpot) | (tpot / 1e6 <= slo_tpot_ms)
-            goodput = float(good.sum() / span)
+            goodput = fig.per_second(float(good.sum()))
         exit_hist = sums["exit"]
         depth = int(np.max(np.nonzero(exit_hist)[0]) + 1) if exit_hist.any() else 0
         max_loops = (self.info.max_loops if self.info else None) or depth
@@ -816,21 +918,20 @@ class TargetStats:
         tot_exit = exit_hist.sum()
         mean_depth = float((exit_hist * np.arange(1, MAX_DEPTH + 1)).sum() / tot_exit) if tot_exit else None
         nl = max_loops or 0
-        loop_ms = [float(v) for v in sums["loop_ns"][:nl] / n / 1e6] if n and nl else []
-        loop_tk = [float(v) for v in sums["loop_tokens"][:nl] / n] if n and nl else []
-        drafts = int(col("drafts").sum())
-        drafted = int(col("drafted").sum())
-        accepted = int(col("accepted").sum())
-        flags = col("flags")
+        loop_ms = [float(v) for v in sums["loop_ns"][:nl] / n_keep / 1e6] if n_keep and nl else []
+        loop_tk = [float(v) for v in sums["loop_tokens"][:nl] / n_keep] if n_keep and nl else []
+        drafts = int(col("drafts")[keep].sum())
+        drafted = int(col("drafted")[keep].sum())
+        accepted = int(col("accepted")[keep].sum())
         return Window(
-            seconds=float(seconds) if seconds is not None else span,
-            span_s=span,
-            steps=n,
-            step_ms=pct(dur / 1e6),
+            seconds=float(seconds) if seconds is not None else fig.wall_s,
+            span_s=fig.wall_s,
+            steps=n_keep,
+            step_ms=pct(dur_k / 1e6),
             gap_ms=pct(gaps / 1e6),
-            step_ms_mean=float(dur.mean() / 1e6) if n else None,
+            step_ms_mean=float(dur_k.mean() / 1e6) if n_keep else None,
             stage_ms_mean=stage_mean,
-            idle_fraction=idle,
+            idle_fraction=fig.idle_fraction,
             busy_known_steps=int(known.sum()),
             achieved_gbps=rf.achieved_gbps,
             achieved_gflops=rf.achieved_gflops,
@@ -840,12 +941,12 @@ class TargetStats:
             balance=rf.balance,
             verdict=rf.verdict,
             ceiling_ms_p50=ceil_ms,
-            tokens_per_s=tok_s,
-            steps_per_s=float(n / span) if span > 0 else None,
+            tokens_per_s=fig.tokens_per_s if n or fig.seconds > 0 else None,
+            steps_per_s=fig.steps_per_s,
             ttft_ms=pct(ttft_ok),
             tpot_ms=pct(tpot_ok),
-            requests_ok=int(ok.sum()),
-            requests_failed=int((~ok).sum()),
+            requests_ok=int(ok_c.sum()),
+            requests_failed=int((~ok & clear).sum()),
             goodput_rps=goodput,
             exit_hist=exit_list,
             mean_exit_depth=mean_depth,
@@ -859,6 +960,11 @@ class TargetStats:
             profiled_steps=int(((flags & FLAG_PROFILED) != 0).sum()),
             warmup_steps=int(((flags & FLAG_WARMUP) != 0).sum()),
             exporting_steps=int(((flags & FLAG_EXPORTING) != 0).sum()),
+            baseline_s=fig.seconds,
+            excluded_s=fig.excluded_s,
+            requests_excluded=int((~clear).sum()),
+            quiet_s=self.quiet_s,
+            in_step_idle=in_step_idle,
         )
 
     def timeline(self, seconds: float = 30.0, buckets: int = 60) -> dict[str, Any]:

@@ -66,6 +66,9 @@ READ_S = 0.05
 FLUSH_S = 1.0
 """Recordings are flushed to the OS about this often."""
 MAX_CAPTURE_STEPS = 4096
+HUNG_AFTER_S = 3.5
+"""A probe target that sends nothing (not even its ~1 s heartbeat) this long is shown
+as hung, its figures as stale."""
 """Upper bound of N for ``]``."""
 
 
@@ -110,6 +113,8 @@ class TargetHandle:
         self.capture_seen: dict[str, str] = {}
         self.last_state = stats.state
         self.dirty = True
+        self.last_heard = time.monotonic()
+        """Monitor time the newest batch of this target's records arrived."""
 
     @property
     def live(self) -> bool:
@@ -347,6 +352,7 @@ class MonitorApp(App[int]):
 
     def on_records_batch(self, message: RecordsBatch) -> None:
         h = self.handles[message.index]
+        h.last_heard = time.monotonic()
         try:
             h.stats.add(message.records)
         finally:
@@ -402,10 +408,21 @@ class MonitorApp(App[int]):
                 return
             for h, col in zip(self.handles, self._columns, strict=False):
                 busy = any(c.state in ("armed", "capturing", "exporting") for c in h.stats.captures.values())
-                if not (h.dirty or busy):
+                if not (h.dirty or busy or self._silent_s(h, now) is not None):
                     continue
                 h.dirty = False
                 col.show(self._panel_context(h, now))
+
+    def _silent_s(self, h: TargetHandle, now: float) -> float | None:
+        """Seconds since a connected live target that sends heartbeats (a probe: about
+        one a second) last sent anything, once that is longer than ``HUNG_AFTER_S``: the
+        engine is hung (stopped, swapping, a step that never ends) or the path to it is
+        cut.  None otherwise."""
+        st = h.stats
+        if not h.live or st.state != "connected" or st.steps_total is None or st.ended:
+            return None
+        silent = now - h.last_heard
+        return silent if silent > HUNG_AFTER_S else None
 
     def _panel_context(self, h: TargetHandle, now: float) -> PanelContext:
         st = h.stats
@@ -426,6 +443,7 @@ class MonitorApp(App[int]):
             recording=h.recording_path,
             replay=h.replay_text(),
             waiting_text=h.spec.waiting_text,
+            silent_s=self._silent_s(h, now),
         )
 
     def _status(self) -> StatusInfo:

@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 
 HOST_BOUND_IDLE = 0.5
-"""Idle fraction above which a window is called host-bound whatever its intensity."""
+"""Device idle *inside the steps* above which a step (or a window's steps) is called
+host-bound whatever its intensity.  The gaps between steps never count here: they
+follow the load, not the step, and are shown as idle beside the verdict."""
 
 
 def achieved_gbps(total_bytes: float, seconds: float) -> float:
@@ -49,10 +51,12 @@ def ceiling_time_s(nbytes: Any, flops: Any, peak_bw_gbps: float, peak_gflops: fl
     return np.maximum(t_mem, t_cmp)
 
 
-def verdict(intensity: float | None, balance: float | None, idle_fraction: float | None) -> str:
-    """``host-bound`` when idle dominates, else ``memory-bound`` / ``compute-bound``,
-    ``unknown`` without the numbers to say."""
-    if idle_fraction is not None and idle_fraction > HOST_BOUND_IDLE:
+def verdict(intensity: float | None, balance: float | None, in_step_idle: float | None) -> str:
+    """The verdict on the step itself: ``host-bound`` when the device was idle for more
+    than half of the step's own time (``in_step_idle`` = 1 − busy / step time, gaps
+    between steps excluded), else ``memory-bound`` / ``compute-bound`` by arithmetic
+    intensity against machine balance; ``unknown`` without the numbers to say."""
+    if in_step_idle is not None and in_step_idle > HOST_BOUND_IDLE:
         return "host-bound"
     if intensity is None or balance is None:
         return "unknown"
@@ -109,9 +113,10 @@ def window_roofline(
     seconds: float,
     peak_bw_gbps: float | None,
     peak_gflops: float | None,
-    idle_fraction: float | None,
+    in_step_idle: float | None,
 ) -> RooflinePoint:
-    """All roofline figures of a window; None wherever an input is unknown."""
+    """All roofline figures of a window; None wherever an input is unknown.  The verdict
+    uses ``in_step_idle`` (device idle inside the window's steps, not between them)."""
     ok = seconds > 0
     gbps = achieved_gbps(total_bytes, seconds) if ok and total_bytes is not None else None
     gfl = total_flops / seconds / 1e9 if ok and total_flops is not None else None
@@ -119,7 +124,7 @@ def window_roofline(
     mf = mfu(total_flops, seconds, peak_gflops) if ok and total_flops is not None and peak_gflops else None
     ai = arithmetic_intensity(total_flops, total_bytes) if total_flops is not None and total_bytes else None
     bal = machine_balance(peak_gflops, peak_bw_gbps) if peak_gflops and peak_bw_gbps else None
-    return RooflinePoint(gbps, gfl, m, ai, bal, verdict(ai, bal, idle_fraction), mf)
+    return RooflinePoint(gbps, gfl, m, ai, bal, verdict(ai, bal, in_step_idle), mf)
 
 
 @dataclass

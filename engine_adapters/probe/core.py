@@ -389,6 +389,17 @@ class Probe:
         """Stage names by index, as in ``StepRecord.stage_ns``."""
         return list(self._stage_names)
 
+    def in_step_since(self) -> int:
+        """Start of the step running now (probe clock), or 0 between steps.  Read from
+        the slot the engine is filling, by another thread, without touching the step
+        path: a step is open when the slot of step ``_w`` has begun and not ended."""
+        w = self._w
+        sl = self._slots[w & self._mask]
+        start = sl.start
+        if sl.step_id == w and sl.seq == -1 and start > 0:
+            return int(start)
+        return 0
+
     @property
     def steps_total(self) -> int:
         """Steps finished since the probe started."""

@@ -33,18 +33,25 @@ rltperf_device_utilization_ratio             gauge      NVML utilisation (coarse
 rltperf_device_memory_used_bytes             gauge      device memory used, label ``device``
 ===========================================  =========  ===========================================
 
-The window gauges use the aggregator's definitions (DESIGN.md): the window ends at the
-newest step's end (data time), spans min(window, first start → last end), and the
-first step's busy time is clipped to the part inside the window.
+The window gauges are ``engine_adapters.figures``'s definitions, the same code the
+monitor and ``rltperf summary`` run: the window is the last ``window_s`` of wall time
+up to the moment of the scrape (up to the start of a step still running), so the
+gauges move to idle 1 and MBU 0 when the engine stops stepping instead of freezing at
+their last value; profiled, exporting and warm-up steps leave them.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import deque
+from time import perf_counter_ns as _clk
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from engine_adapters import figures as F
 from engine_adapters.records import (
     FLAG_PROFILED,
     CaptureDone,
@@ -132,7 +139,11 @@ class PrometheusExporter:
         self.probe = probe
         self.window_s = float(window_s)
         self._lock = threading.Lock()
-        self._win: deque[tuple[int, int, float | None, float | None]] = deque()
+        self._win: deque[tuple[int, int, float, float, int]] = deque()
+        self._win_before = 0  # end of the newest step pruned from the window
+        self._started = _clk()
+        self._busy_seen = False
+        self._bytes_seen = False
         self._last_id: int | None = None
         self._last_end = 0
         self._cap_mode: dict[str, str] = {}
@@ -254,7 +265,7 @@ class PrometheusExporter:
 
     def observe(self, recs: list[Any]) -> None:
         """Update the metrics from one batch of records (called by the publisher)."""
-        win_add: list[tuple[int, int, float | None, float | None]] = []
+        win_add: list[tuple[int, int, float, float, int]] = []
         for r in recs:
             if isinstance(r, StepRecord):
                 dur = (r.end_ns - r.start_ns) / 1e9
@@ -267,10 +278,12 @@ class PrometheusExporter:
                     self.tokens.inc(r.out_tokens)
                 if r.busy_ns is not None:
                     self.busy.inc(r.busy_ns / 1e9)
+                    self._busy_seen = True
                 nb: float | None = None
                 if r.bytes_read is not None or r.bytes_written is not None:
                     nb = float((r.bytes_read or 0) + (r.bytes_written or 0))
                     self.nbytes.inc(nb)
+                    self._bytes_seen = True
                 if r.flops is not None:
                     self.flops.inc(r.flops)
                 if r.exit_hist:
@@ -285,7 +298,15 @@ class PrometheusExporter:
                     self.accepted.inc(r.spec_accepted)
                 if r.flags & FLAG_PROFILED:
                     self.profiled.inc()
-                win_add.append((r.start_ns, r.end_ns, None if r.busy_ns is None else float(r.busy_ns), nb))
+                win_add.append(
+                    (
+                        r.start_ns,
+                        r.end_ns,
+                        math.nan if r.busy_ns is None else float(r.busy_ns),
+                        math.nan if nb is None else nb,
+                        r.flags,
+                    )
+                )
             elif isinstance(r, RequestRecord):
                 self.requests.labels(status=r.status).inc()
                 if r.status == "ok" and r.first_token_ns is not None:
@@ -305,34 +326,41 @@ class PrometheusExporter:
                 self._win.extend(win_add)
                 horizon = self._win[-1][1] - int(self.window_s * 1e9)
                 while self._win and self._win[0][1] <= horizon:
-                    self._win.popleft()
+                    self._win_before = self._win.popleft()[1]
 
-    def window_figures(self) -> tuple[float | None, float | None]:
-        """(idle fraction, MBU) over the last ``window_s`` of data time (aggregator rules)."""
+    def window_figures(self, now_ns: int | None = None) -> tuple[float | None, float | None]:
+        """(idle fraction, MBU) over the last ``window_s`` of wall time up to now (up to
+        the start of a step still running), by ``engine_adapters.figures``."""
+        now = _clk() if now_ns is None else now_ns
+        since = self.probe.in_step_since()
         with self._lock:
             rows = list(self._win)
-        if not rows:
+            before = self._win_before
+        w1 = min(now, since) if since else now
+        if rows:
+            w1 = max(w1, rows[-1][1])
+        w0 = max(self._started, w1 - int(self.window_s * 1e9))
+        if w1 <= w0:
             return None, None
-        last_end = rows[-1][1]
-        span_ns = min(self.window_s * 1e9, float(last_end - rows[0][0]))
-        if span_ns <= 0:
-            return None, None
-        w0 = last_end - span_ns
-        busy = 0.0
-        known = False
-        tot_bytes = 0.0
-        bknown = False
-        for s, e, b, nb in rows:
-            if b is not None:
-                known = True
-                frac = min(1.0, max(0.0, (e - max(s, w0)) / max(e - s, 1)))
-                busy += b * frac
-            if nb is not None:
-                bknown = True
-                tot_bytes += nb
-        idle = 1.0 - min(1.0, busy / span_ns) if known else None
-        mbu = tot_bytes / (span_ns / 1e9 * self.peak_bw_gbps * 1e9) if bknown and self.peak_bw_gbps else None
-        return idle, mbu
+        if rows:
+            start, end, busy, nbytes, flags = (np.array(c) for c in zip(*rows, strict=True))
+        else:
+            start = end = flags = np.zeros(0, dtype=np.int64)
+            busy = nbytes = np.zeros(0)
+        fig = F.window_figures(
+            start=start,
+            end=end,
+            flags=flags,
+            busy=busy,
+            nbytes=nbytes,
+            flops=np.full(start.size, np.nan),
+            tokens=np.zeros(start.size),
+            w0_ns=w0,
+            w1_ns=w1,
+            owned_lo=F.owned_from(start, end, before or (int(start[0]) if start.size else w0)),
+            reported=(self._busy_seen, self._bytes_seen, False),
+        )
+        return fig.idle_fraction, fig.mbu(self.peak_bw_gbps)
 
     def close(self) -> None:
         """Stop serving."""

@@ -463,6 +463,7 @@ class Publisher(threading.Thread):
             sub.authed = True
             sub.token = rec.token
             sub.ctrl.append(self._hello())
+            self._send_stats(sub)  # the stream's first timestamp: where a recording begins
             log.info("subscriber %s attached (%s)", sub.addr, rec.client)
             return True
         if isinstance(rec, Capture):
@@ -524,6 +525,7 @@ class Publisher(threading.Thread):
                     ring_dropped=self.ring_dropped,
                     sub_dropped=sub.dropped,
                     subscribers=sum(1 for s in self._subs if s.authed),
+                    in_step_since_ns=self.probe.in_step_since(),
                 )
             )
         )
@@ -656,7 +658,7 @@ class Publisher(threading.Thread):
             self._tick()
         except Exception:
             pass
-        bye = encode(Bye(reason=getattr(self, "_bye_reason", "probe closed")))
+        bye = encode(Bye(reason=getattr(self, "_bye_reason", "probe closed"), ts_ns=_clk()))
         for sub in self._subs:
             if sub.authed and not sub.closing:
                 sub.data.append((bye, 0))  # after all data, never dropped (last in the queue)

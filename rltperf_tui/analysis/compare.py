@@ -24,10 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from engine_adapters import figures as F
 from engine_adapters.records import (
-    FLAG_EXPORTING,
-    FLAG_PROFILED,
-    FLAG_WARMUP,
     Ceiling,
     EngineInfo,
     to_builtins,
@@ -35,7 +33,7 @@ from engine_adapters.records import (
 from rltperf_tui.analysis import stats as S
 from rltperf_tui.analysis.summary import load_recording
 
-EXCLUDE_FLAGS = FLAG_PROFILED | FLAG_EXPORTING | FLAG_WARMUP
+EXCLUDE_FLAGS = F.EXCLUDED_FLAGS
 SCOPE = (
     "This result holds for this A/B pair only: do not add it to a gain measured in another comparison "
     "(gains of isolated features are never combined into a claim for the combined mode; measure the "
@@ -120,7 +118,15 @@ def _series_part(
         inb = j < pe.size
         rkeep[inb] = ~(ps[j[inb]] < fin[inb])
     k = int(keep.sum())
-    span_s = (int(end[keep][-1]) - int(start[keep][0])) / 1e9 if k else 0.0
+    # Time is the recording's wall time, tiled by the steps (each owns the time since the
+    # previous step's end; engine_adapters.figures): excluded steps take theirs out, and
+    # the quiet tail after the last step belongs to the last block.
+    w0, w1 = stats.window_bounds(None)
+    owned = (end - F.owned_from(start, end, w0)).astype(np.float64)
+    if end.size:
+        owned[-1] += max(0, w1 - int(end[-1]))
+    owned_k = owned[keep]
+    span_s = float(owned_k.sum()) / 1e9
     blk = max(S.block_length(k), math.ceil(block_s * k / span_s)) if span_s > 0 else S.block_length(k)
     blk = min(blk, max(1, k // 3))
     bs = S.block_sums(
@@ -131,6 +137,9 @@ def _series_part(
         St.last("bytes")[keep],
         blk,
     )
+    if k:  # the blocks' spans: their steps' owned time (block_sums measures start to start)
+        cuts = np.arange(0, k, blk)
+        bs.span_s = np.add.reduceat(owned_k, cuts) / 1e9
     stages = St.last("stages")[keep]
     exits = St.last("exit")[keep].sum(axis=0)
     nbytes = St.last("bytes")[keep]
@@ -166,6 +175,7 @@ def _series_part(
             "tokens": St.last("out_tokens")[keep].astype(np.float64),
             "busy": St.last("busy")[keep],
             "bytes": St.last("bytes")[keep],
+            "owned_ns": owned_k,
         },
         "dropped": stats.dropped,
     }
@@ -466,7 +476,7 @@ def _segment_values(part: dict[str, Any], key: str, peak: float | None) -> list[
         return None
     out = []
     for idx in np.array_split(np.arange(n), 4):
-        span = (raw["end"][idx[-1]] - raw["start"][idx[0]]) / 1e9
+        span = float(raw["owned_ns"][idx].sum()) / 1e9  # the same time as the whole's (figures)
         if span <= 0:
             return None
         if key == "tokens_per_s":

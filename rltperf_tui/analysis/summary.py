@@ -53,6 +53,13 @@ def summarize(
     out["stage_ms_mean"] = w.stage_ms_mean
     out["goodput_rps"] = w.goodput_rps
     out["profiled_steps"] = w.profiled_steps
+    out["excluded"] = {
+        "profiled_steps": w.profiled_steps,
+        "exporting_steps": w.exporting_steps,
+        "warmup_steps": w.warmup_steps,
+        "seconds": round(w.excluded_s, 6),
+        "requests": w.requests_excluded,
+    }
     out["exit_hist"] = w.exit_hist
     out["mean_exit_depth"] = w.mean_exit_depth
     out["acceptance_rate"] = w.acceptance_rate
@@ -60,7 +67,10 @@ def summarize(
     info = stats.info
     out["engine"] = info.name if info else None
     out["random_weights"] = info.random_weights if info else None
-    out["statistics"] = "percentiles of pooled samples over the whole recording"
+    out["statistics"] = (
+        "percentiles of pooled samples over the whole recording; rates over its wall time "
+        "(first to last timestamp), profiled/exporting/warm-up steps and their time left out"
+    )
     mw = stats.metrics_window(None)  # vLLM over HTTP: its /metrics, not per-step records
     if mw is not None:
         from dataclasses import asdict

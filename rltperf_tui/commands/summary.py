@@ -11,11 +11,15 @@ from rltperf_tui.analysis.summary import load_recording, summarize
 
 HELP = "summarise a recording: step/gap/TTFT/TPOT percentiles, idle fraction, MBU, tokens/s"
 DESCRIPTION = """\
-Read a recording and print DESIGN.md's metrics over the whole of it: step time and
-gap P50/P95/P99, device idle fraction (1 - busy/wall), MBU (bytes / (wall x peak);
-null when no peak bandwidth is known), tokens/s, TTFT and TPOT percentiles of pooled
-samples, requests ok/failed, and records dropped.  JSON keys (--json): steps, wall_s,
-step_ms, gap_ms, idle_fraction, mbu, tokens_per_s, ttft_ms, tpot_ms, requests, dropped."""
+Read a recording and print its figures over the whole of it: step time and gap
+P50/P95/P99, device idle fraction (1 - busy/T), MBU (bytes / (T x peak); null when no
+peak bandwidth is known), tokens/s, TTFT and TPOT percentiles of pooled samples,
+requests ok/failed, and records dropped.  T is the recording's wall time (its first
+to its last timestamp: quiet time counts as idle) less the time of profiled,
+exporting and warm-up steps, which leave every figure, as do the requests in flight
+during them (the output says how many).  JSON keys (--json): steps, wall_s, baseline_s,
+excluded_s, step_ms, gap_ms, idle_fraction, mbu, tokens_per_s, ttft_ms, tpot_ms,
+requests, excluded, dropped."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,10 +54,10 @@ def run(args: argparse.Namespace) -> int:
     lines = [
         f"{args.file}: {header.get('target', '?')} recorded {header.get('created_utc', '?')}",
         f"engine      {out['engine']}" + ("  [random weights]" if out["random_weights"] else ""),
-        f"steps       {out['steps']} over {out['wall_s']:.2f} s ({_f(out['steps_per_s'], '{:.1f}')} steps/s), dropped {out['dropped']}",
+        f"steps       {out['steps']} over {out['wall_s']:.2f} s of recording ({_f(out['steps_per_s'], '{:.1f}')} steps/s), dropped {out['dropped']}",
         f"step ms     {_p(out['step_ms'])}",
         f"gap ms      {_p(out['gap_ms'])}",
-        f"idle        {_f(out['idle_fraction'], '{:.1%}')} of wall time (1 - device busy / wall)",
+        f"idle        {_f(out['idle_fraction'], '{:.1%}')} of wall time (1 - device busy / wall; the verdict below is on the steps alone)",
         f"bandwidth   {_f(out['achieved_gbps'], '{:.2f}')} GB/s, MBU {_f(out['mbu'], '{:.1%}')}"
         + (
             f" of {peak['bw_gbps']:.1f} GB/s ({peak['source']})"
@@ -80,9 +84,20 @@ def run(args: argparse.Namespace) -> int:
             f"  bandwidth {_f(m['achieved_gbps'], '{:.2f}')} GB/s (vLLM's estimate), MBU {_f(m['mbu'], '{:.1%}')}",
         ]
         lines += [f"  note: {n}" for n in m["notes"]]
-    if out["profiled_steps"]:
+    ex = out["excluded"]
+    if ex["profiled_steps"] or ex["exporting_steps"] or ex["warmup_steps"]:
+        parts = [
+            f"{ex[k]} {label}"
+            for k, label in (
+                ("profiled_steps", "profiled"),
+                ("exporting_steps", "exporting"),
+                ("warmup_steps", "warm-up"),
+            )
+            if ex[k]
+        ]
         lines.append(
-            f"note: {out['profiled_steps']} steps ran under the profiler; they are not baseline timings"
+            f"note: {', '.join(parts)} steps ({ex['seconds']:.2f} s) and {ex['requests']} requests in flight "
+            f"during them are left out: the figures above are the baseline over {out['baseline_s']:.2f} s"
         )
     print("\n".join(lines))
     return 0

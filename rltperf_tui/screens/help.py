@@ -79,7 +79,9 @@ comes from `rltperf calibrate` (a measured copy: read + write, STREAM convention
 spec table, or `--peak-gbps` — the panel says which.  MBU above 1 means a wrong byte
 count or peak, and is flagged, never shown silently.  **Intensity** = FLOPs / bytes
 against **machine balance** = peak FLOP/s / peak bandwidth: below it a step is
-memory-bound, above compute-bound; **host-bound** when idle exceeds 50%.  **Ceiling** =
+memory-bound, above compute-bound; **host-bound** when the device is idle for more than half
+of the steps' own time (1 − Σ busy / Σ step time: the gaps between steps never count, since they
+follow the load, not the step; they are the idle figure shown beside the verdict).  **Ceiling** =
 median over steps of max(bytes / peak BW, FLOPs / peak FLOP/s), against the measured
 median step time.
 

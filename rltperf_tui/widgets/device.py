@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine_adapters.figures import QUIET_AFTER_S
 from rltperf_tui.widgets._fmt import Lines, ms, pct, size
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
@@ -27,7 +28,12 @@ class DevicePanel(Panel):
         ln.add("idle      ", "$text-muted")
         ln.add(f"{pct(w.idle_fraction):>6} ", "bold")
         ln.bar(w.idle_fraction, bw, "$warning")
-        ln.add(f" busy known {w.busy_known_steps:,}/{w.steps:,}", "$text-muted").nl()
+        if ctx.silent_s is not None:
+            ln.add(f" stale: nothing heard for {ctx.silent_s:.0f} s", "bold $error").nl()
+        elif st.quiet_s >= QUIET_AFTER_S:
+            ln.add(f" · no steps for {st.quiet_s:.0f} s", "bold $warning").nl()
+        else:
+            ln.add(f" busy known {w.busy_known_steps:,}/{w.steps:,}", "$text-muted").nl()
         gpus = sorted((k, d) for k, d in st.devices.items() if k[0] == "cuda")
         nvml = st.gpu_util_mean(ctx.window_s)
         ln.add("NVML util ", "$text-muted")

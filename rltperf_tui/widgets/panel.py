@@ -60,6 +60,10 @@ class PanelContext:
     waiting_text: str = ""
     """Shown instead of the connection error while the target has never answered
     (the demo: "starting the engine")."""
+    silent_s: float | None = None
+    """Seconds this connected live target has sent nothing, not even its heartbeat, when
+    that is longer than a heartbeat allows (hung or cut off); None otherwise.  The
+    figures shown are then those of the last data, marked stale."""
 
 
 _WAITING: Row = (("waiting for data…", "$text-muted"),)

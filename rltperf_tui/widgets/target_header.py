@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine_adapters.figures import QUIET_AFTER_S
 from rltperf_tui.widgets._fmt import NA, Lines, ms, pct, si
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
@@ -34,7 +35,10 @@ class TargetHeader(Panel):
         state = st.state
         if state == "reconnecting" and st.hello is None:
             state = "waiting"  # never connected yet: the engine may still be starting
-        ln.add("● " + state, STATE_STYLE.get(state, "bold"))
+        if ctx.silent_s is not None:
+            ln.add(f"● hung? no heartbeat for {ctx.silent_s:.0f} s", "bold reverse $error")
+        else:
+            ln.add("● " + state, STATE_STYLE.get(state, "bold"))
         if ctx.replay and state != "ended":
             ln.add(" (replay)", "$text-muted")
         ln.add("  ")
@@ -63,6 +67,10 @@ class TargetHeader(Panel):
                 ln.add(" · workload ", "$text-muted").add(info.workload)
         ln.nl()
         # Headline figures: readable even when the panels below are scrolled away.
+        if ctx.silent_s is not None:
+            ln.add(f"stale: as of {ctx.silent_s:.0f} s ago · ", "bold $error")
+        elif st.quiet_s >= QUIET_AFTER_S:
+            ln.add(f"no steps for {st.quiet_s:.0f} s · ", "bold $warning")
         p50 = w.step_ms["p50"]
         ln.add("step p50 ", "$text-muted").add(ms(p50) + (" ms" if p50 is not None else ""), "bold")
         ln.add(" · idle ", "$text-muted").add(pct(w.idle_fraction), "bold")

@@ -116,9 +116,19 @@ def test_prometheus_endpoint_parses_and_agrees_with_summary(tmp_path: Path) -> N
     assert tokens == pytest.approx(
         summ["tokens_per_s"] * summ["wall_s"], rel=1e-5
     )  # wall_s is rounded to 1 us
-    assert _one(s, "rltperf_device_idle_ratio") == pytest.approx(summ["idle_fraction"], abs=1e-9)
+    # The gauges cover the last 10 s of wall time up to the scrape (engine_adapters.figures),
+    # the summary the recording's wall time: the same busy time and bytes over two windows.
+    # The gauge's window must be the one it claims: from at least the recording's span
+    # (the probe started before the recorder attached, the scrape came after it left)
+    # to at most 10 s, the same for both gauges (one window per scrape).
     assert summ["mbu"] is not None
-    assert _one(s, "rltperf_model_bandwidth_utilization_ratio") == pytest.approx(summ["mbu"], rel=1e-9)
+    busy_s = (1 - summ["idle_fraction"]) * summ["baseline_s"]
+    gauge_idle = _one(s, "rltperf_device_idle_ratio")
+    gauge_s = busy_s / (1 - gauge_idle)
+    assert summ["baseline_s"] - 0.01 <= gauge_s <= 10.0 + 1e-6, (gauge_s, summ["baseline_s"])
+    nbytes = summ["mbu"] * summ["baseline_s"] * 20e9
+    gauge_mbu = _one(s, "rltperf_model_bandwidth_utilization_ratio")
+    assert nbytes / (gauge_mbu * 20e9) == pytest.approx(gauge_s, rel=1e-6)
     assert list(s["rltperf_peak_memory_bandwidth_bytes_per_second"].values()) == [20e9]
     assert _one(s, "rltperf_requests_total", status="ok") == summ["requests"]["ok"] > 0
     assert _one(s, "rltperf_time_to_first_token_seconds_count") == summ["requests"]["ok"]

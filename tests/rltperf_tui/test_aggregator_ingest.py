@@ -101,6 +101,16 @@ def reference_add_steps(self: TargetStats, steps: list[StepRecord]) -> None:
     self.last_step = steps[-1]
     self.last_end_ns = end[-1]
     self.now_ns = max(self.now_ns, end[-1])
+    self.vouched_ns = max(self.vouched_ns, end[-1])
+    rep = self.reported
+    self.reported = (
+        rep[0] or any(v == v for v in busy),  # NaN: not reported
+        rep[1] or any(s.bytes_read is not None or s.bytes_written is not None for s in steps),
+        rep[2] or any(v == v for v in flops),
+    )
+    self._seen(start[0])
+    if self.in_step_since_ns and end[-1] >= self.in_step_since_ns:
+        self.in_step_since_ns = 0
     self.steps.append(
         {
             "step_id": ids, "start": start, "end": end, "kind": kind, "batch": batch,

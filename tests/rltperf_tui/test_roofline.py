@@ -67,31 +67,31 @@ def test_large_batch_crosses_into_compute_bound() -> None:
 
 
 def test_window_roofline_by_hand() -> None:
-    # 100 Ouro decode steps in a 0.5 s window, device idle 60 % of it
+    # 100 Ouro decode steps in a 0.5 s window, the device idle for 60 % of the steps themselves
     rp = roofline.window_roofline(total_bytes=100 * OURO_BYTES, total_flops=100.0 * OURO_BYTES, seconds=0.5,
-                                  peak_bw_gbps=H200_BW, peak_gflops=H200_BF16, idle_fraction=0.6)  # fmt: skip
+                                  peak_bw_gbps=H200_BW, peak_gflops=H200_BF16, in_step_idle=0.6)  # fmt: skip
     assert rp.achieved_gbps == pytest.approx(2013.58, abs=0.01)  # 1.0068e12 B / 0.5 s
     assert rp.mbu == pytest.approx(2013.58 / 4800, rel=1e-5)  # 0.4195
     assert rp.achieved_gflops == pytest.approx(2013.58, abs=0.01)
     assert rp.mfu == pytest.approx(2013.58 / 989_500, rel=1e-5)
     assert rp.intensity == 1.0 and rp.balance == pytest.approx(206.15, abs=0.01)
-    assert rp.verdict == "host-bound"  # idle dominates whatever the intensity
+    assert rp.verdict == "host-bound"  # in-step idle dominates whatever the intensity
     busy = roofline.window_roofline(total_bytes=100 * OURO_BYTES, total_flops=100.0 * OURO_BYTES, seconds=0.5,
-                                    peak_bw_gbps=H200_BW, peak_gflops=H200_BF16, idle_fraction=0.05)  # fmt: skip
+                                    peak_bw_gbps=H200_BW, peak_gflops=H200_BF16, in_step_idle=0.05)  # fmt: skip
     assert busy.verdict == "memory-bound"
 
 
 def test_window_roofline_unknowns_are_none_not_zero() -> None:
     rp = roofline.window_roofline(total_bytes=None, total_flops=None, seconds=1.0, peak_bw_gbps=None,
-                                  peak_gflops=None, idle_fraction=None)  # fmt: skip
+                                  peak_gflops=None, in_step_idle=None)  # fmt: skip
     assert (rp.achieved_gbps, rp.mbu, rp.intensity, rp.balance, rp.mfu, rp.verdict) == (
         None, None, None, None, None, "unknown",
     )  # fmt: skip
     rp = roofline.window_roofline(total_bytes=1e9, total_flops=None, seconds=1.0, peak_bw_gbps=None,
-                                  peak_gflops=None, idle_fraction=0.1)  # fmt: skip
+                                  peak_gflops=None, in_step_idle=0.1)  # fmt: skip
     assert rp.achieved_gbps == 1.0 and rp.mbu is None  # no ceiling: MBU unknown
     rp = roofline.window_roofline(total_bytes=1e9, total_flops=1e9, seconds=0.0, peak_bw_gbps=10.0,
-                                  peak_gflops=10.0, idle_fraction=None)  # fmt: skip
+                                  peak_gflops=10.0, in_step_idle=None)  # fmt: skip
     assert rp.achieved_gbps is None and rp.mbu is None  # empty window
 
 

@@ -1,0 +1,201 @@
+"""Where each window figure is defined: the one implementation every consumer calls.
+
+The live screen (``rltperf_tui.aggregator``), ``rltperf summary``, the probe's
+Prometheus gauges and ``rltperf compare`` all compute idle, MBU, tokens/s, steps/s
+and goodput here, so a figure means the same thing wherever it is shown.
+
+The window is wall time, not the span of the steps
+---------------------------------------------------
+A window runs from ``w0`` to ``w1`` on the probe's clock:
+
+- ``w1`` is the newest moment the data vouches for: the end of the newest step, or
+  the probe's newest heartbeat (``Stats``) when it says no step was running then (a
+  heartbeat taken inside a step vouches only up to that step's start).  So when a
+  load test pauses, the window keeps moving and idle rises to 100 %; when the engine
+  stops answering altogether (hung), ``w1`` stops too and the monitor shows the
+  figures as stale, never as current.
+- ``w0`` is ``w1 − seconds`` (live), or the recording's first timestamp (summary),
+  but never before the stream's first timestamp.
+
+Each step owns the time from the previous step's end to its own end (its gap and
+itself): those intervals tile the stream.  Steps that do not measure the engine as it
+normally runs (``EXCLUDED_FLAGS``: profiled, exporting, warm-up) leave the window
+whole: their owned time leaves the denominator and their busy time, bytes, FLOPs and
+tokens leave the numerators, and requests in flight during that time leave the latency
+percentiles and goodput.
+
+- idle fraction = 1 − Σ busy / T;  MBU = Σ bytes / (T × peak bandwidth);
+  tokens/s = Σ output tokens / T;  steps/s = steps / T;  goodput = requests meeting
+  both SLOs / T; where T is the window's wall time less the excluded time, and a step
+  that straddles ``w0`` or ``w1`` counts by the part of it inside the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine_adapters.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
+
+EXCLUDED_FLAGS = FLAG_PROFILED | FLAG_EXPORTING | FLAG_WARMUP
+"""Steps flagged with any of these are not baseline: they leave every window figure."""
+
+QUIET_AFTER_S = 2.0
+"""A target whose data time has run this long past its newest step is "quiet" (no steps)."""
+
+
+@dataclass(frozen=True)
+class WindowFigures:
+    """The rate figures of one window (see the module docstring for the definitions)."""
+
+    w0_ns: int
+    """Window start, probe clock."""
+    w1_ns: int
+    """Window end, probe clock."""
+    excluded_s: float
+    """Time inside the window owned by excluded (profiled/exporting/warm-up) steps."""
+    seconds: float
+    """The denominator T: window wall time less the excluded time."""
+    steps: float
+    """Baseline steps inside the window (a straddling step counts by its inside part)."""
+    busy_s: float | None
+    """Σ device busy of baseline steps (None: no step reported busy time)."""
+    nbytes: float | None
+    """Σ analytic bytes read + written (None: not reported)."""
+    flops: float | None
+    """Σ analytic FLOPs (None: not reported)."""
+    tokens: float
+    """Σ output tokens."""
+
+    @property
+    def wall_s(self) -> float:
+        """Window wall time, excluded time included."""
+        return (self.w1_ns - self.w0_ns) / 1e9
+
+    @property
+    def idle_fraction(self) -> float | None:
+        """1 − Σ busy / T."""
+        if self.busy_s is None or self.seconds <= 0:
+            return None
+        return 1.0 - min(1.0, max(0.0, self.busy_s / self.seconds))
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Σ output tokens / T."""
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+    @property
+    def steps_per_s(self) -> float | None:
+        """Baseline steps / T."""
+        return self.steps / self.seconds if self.seconds > 0 else None
+
+    def mbu(self, peak_bw_gbps: float | None) -> float | None:
+        """Σ bytes / (T × peak bandwidth); None without bytes or a peak."""
+        if self.nbytes is None or not peak_bw_gbps or self.seconds <= 0:
+            return None
+        return self.nbytes / (self.seconds * peak_bw_gbps * 1e9)
+
+    def per_second(self, count: float) -> float | None:
+        """``count`` / T (goodput: requests meeting both SLOs)."""
+        return count / self.seconds if self.seconds > 0 else None
+
+
+def owned_from(start: np.ndarray, end: np.ndarray, t0_ns: int) -> np.ndarray:
+    """Where each step's owned time begins: the previous step's end (the first step:
+    ``t0_ns``), never after the step's own start or before ``t0_ns``."""
+    prev = np.empty_like(end)
+    if end.size:
+        prev[0] = t0_ns
+        prev[1:] = end[:-1]
+    return np.minimum(np.maximum(prev, t0_ns), start)
+
+
+def _overlap(lo: np.ndarray, hi: np.ndarray, w0: int, w1: int) -> np.ndarray:
+    return np.clip(np.minimum(hi, w1) - np.maximum(lo, w0), 0, None)
+
+
+def window_figures(
+    *,
+    start: np.ndarray,
+    end: np.ndarray,
+    flags: np.ndarray,
+    busy: np.ndarray,
+    nbytes: np.ndarray,
+    flops: np.ndarray,
+    tokens: np.ndarray,
+    w0_ns: int,
+    w1_ns: int,
+    owned_lo: np.ndarray | None = None,
+    reported: tuple[bool, bool, bool] = (False, False, False),
+) -> WindowFigures:
+    """The figures of window ``[w0_ns, w1_ns]`` over the given steps (in stream order;
+    steps wholly outside the window add nothing).  ``busy``/``nbytes``/``flops`` are
+    float arrays with NaN where unknown.  ``owned_lo`` is each step's owned-time start
+    (``owned_from``); by default the previous step's end, the first step owning from its
+    own start.  ``reported`` says whether the engine reports busy, bytes and FLOPs at
+    all: then a window without such steps sums to 0 (idle 1, MBU 0), not unknown."""
+    w0, w1 = int(w0_ns), int(max(w0_ns, w1_ns))
+    start = np.asarray(start, dtype=np.int64)
+    end = np.asarray(end, dtype=np.int64)
+    if owned_lo is None:
+        owned_lo = owned_from(start, end, int(start[0]) if start.size else w0)
+    excl = (np.asarray(flags) & EXCLUDED_FLAGS) != 0
+    excluded_ns = float(_overlap(owned_lo[excl], end[excl], w0, w1).sum()) if excl.any() else 0.0
+    seconds = max(0.0, (w1 - w0 - excluded_ns) / 1e9)
+    keep = ~excl
+    dur = np.maximum(end - start, 1)
+    inside = _overlap(start, end, w0, w1)
+    # a zero-length step inside the window counts whole
+    frac = np.where((end - start) > 0, inside / dur, ((start >= w0) & (end <= w1)).astype(np.float64))
+    frac = np.where(keep, frac, 0.0)
+
+    def opt_sum(v: np.ndarray, seen: bool) -> float | None:
+        v = np.asarray(v, dtype=np.float64)
+        known = ~np.isnan(v) & keep
+        if not known.any():
+            return 0.0 if seen else None
+        return float((v[known] * frac[known]).sum())
+
+    busy_s = opt_sum(busy, reported[0])
+    return WindowFigures(
+        w0_ns=w0,
+        w1_ns=w1,
+        excluded_s=excluded_ns / 1e9,
+        seconds=seconds,
+        steps=float(frac.sum()),
+        busy_s=busy_s / 1e9 if busy_s is not None else None,
+        nbytes=opt_sum(nbytes, reported[1]),
+        flops=opt_sum(flops, reported[2]),
+        tokens=float((np.asarray(tokens, dtype=np.float64) * frac).sum()),
+    )
+
+
+def excluded_spans(
+    start: np.ndarray, end: np.ndarray, flags: np.ndarray, owned_lo: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The owned intervals ``(lo, hi)`` of excluded steps, sorted by end."""
+    start = np.asarray(start, dtype=np.int64)
+    end = np.asarray(end, dtype=np.int64)
+    if owned_lo is None:
+        owned_lo = owned_from(start, end, int(start[0]) if start.size else 0)
+    excl = (np.asarray(flags) & EXCLUDED_FLAGS) != 0
+    return owned_lo[excl], end[excl]
+
+
+def requests_clear_of(
+    arrival: np.ndarray, finish: np.ndarray, spans: tuple[np.ndarray, np.ndarray]
+) -> np.ndarray:
+    """True for each request whose life ``[arrival, finish]`` touches no excluded span."""
+    lo, hi = spans
+    arrival = np.asarray(arrival, dtype=np.int64)
+    finish = np.asarray(finish, dtype=np.int64)
+    clear = np.ones(arrival.size, dtype=bool)
+    if not lo.size or not arrival.size:
+        return clear
+    # the first excluded span ending after the arrival: the request overlaps it when it
+    # began before the request finished (spans are disjoint and ordered)
+    j = np.searchsorted(hi, arrival, side="right")
+    inb = j < hi.size
+    clear[inb] = ~(lo[j[inb]] < finish[inb])
+    return clear

@@ -1,0 +1,139 @@
+"""The window figures against their independent truth: the wall clock.
+
+Issue: idle, MBU and tokens/s were divided by the span of the steps (first start →
+last end), so a load test that paused read "busy" for as long as it stayed quiet, a
+recording's summary left out its quiet time, and a capture's export freeze stayed in
+every rate.  The window is wall time (``engine_adapters.figures``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_adapters.figures import EXCLUDED_FLAGS, owned_from, window_figures
+from engine_adapters.records import FLAG_EXPORTING, FLAG_PROFILED, Bye, RequestRecord, Stats
+from rltperf_tui.aggregator import TargetStats
+from tests.rltperf_tui.test_aggregator import MS, _hello, _steps
+
+S = 1000 * MS
+
+
+def _beats(t0_ns: int, t1_ns: int, every_ns: int = S, since: int = 0) -> list[Stats]:
+    return [Stats(ts_ns=t, in_step_since_ns=since) for t in range(t0_ns, t1_ns + 1, every_ns)]
+
+
+def test_one_busy_second_then_nine_quiet_seconds_reads_ninety_percent_idle() -> None:
+    a = TargetStats()
+    # 1 s of back-to-back 10 ms steps, fully busy, 1.2 GB each against 200 GB/s (MBU 0.6),
+    # then the load stops: only the probe's heartbeats (between steps) for 9 s.
+    steps = _steps(100, 10, 0, busy_ms=10, nbytes=1_200_000_000, t0=5 * S)
+    a.add([_hello(peak_bw=200.0), Stats(ts_ns=5 * S), *steps])
+    busy = a.window(10.0)
+    assert busy.idle_fraction == pytest.approx(0.0, abs=1e-9)
+    assert busy.mbu == pytest.approx(0.6)
+    assert busy.tokens_per_s == pytest.approx(400.0)
+    a.add(_beats(6 * S, 15 * S))
+    w = a.window(10.0)
+    assert w.span_s == pytest.approx(10.0)
+    assert w.idle_fraction == pytest.approx(0.9)
+    assert w.mbu == pytest.approx(0.06)
+    assert w.tokens_per_s == pytest.approx(40.0)
+    assert a.quiet_s == pytest.approx(9.0)
+    # 20 s later the busy second has left the window: idle 100 %, no tokens
+    a.add(_beats(16 * S, 35 * S))
+    w = a.window(10.0)
+    assert w.idle_fraction == pytest.approx(1.0) and w.tokens_per_s == 0.0 and w.steps == 0
+    assert w.mbu == pytest.approx(0.0)
+
+
+def test_a_heartbeat_inside_a_long_step_does_not_read_as_idle() -> None:
+    a = TargetStats()
+    steps = _steps(10, 100, 0, busy_ms=100, t0=S)  # 1 s busy, ends at 2 s
+    a.add([_hello(), Stats(ts_ns=S), *steps])
+    # a 3 s step begins at 2 s: heartbeats at 3 s and 4 s find the engine inside it
+    a.add(_beats(3 * S, 4 * S, since=2 * S))
+    w = a.window(10.0)
+    assert w.span_s == pytest.approx(1.0)  # vouched up to the running step's start only
+    assert w.idle_fraction == pytest.approx(0.0, abs=1e-9)
+    assert a.quiet_s == 0.0 and a.in_step_since_ns == 2 * S
+
+
+def test_a_hung_engine_stops_the_clock_instead_of_inventing_figures() -> None:
+    a = TargetStats()
+    a.add([_hello(), Stats(ts_ns=S), *_steps(100, 10, 0, busy_ms=10, t0=S)])
+    before = a.window(10.0)
+    # SIGSTOP: nothing more arrives; the figures stay those of the vouched window (the
+    # monitor marks them stale by its own clock, see tests/ui)
+    after = a.window(10.0)
+    assert before.as_summary() == after.as_summary()
+    assert a.vouched_ns == 2 * S
+
+
+def test_excluded_steps_leave_numerator_and_denominator() -> None:
+    base = _steps(200, 10, 0, busy_ms=5, t0=S)  # 2 s, 5 ms busy of 10 ms: idle 0.5
+    a = TargetStats()
+    a.add([_hello(), Stats(ts_ns=S), *base])
+    # B: the same, then 8 profiled steps and a 3 s exporting step, then the same again
+    b = TargetStats()
+    prof = _steps(8, 10, 0, busy_ms=5, t0=3 * S, start_id=200)
+    prof = [
+        p.__class__(**{**{f: getattr(p, f) for f in p.__struct_fields__}, "flags": FLAG_PROFILED})
+        for p in prof
+    ]
+    frz = _steps(1, 3000, 0, busy_ms=5, t0=3 * S + 80 * MS, start_id=208)[0]
+    frz = frz.__class__(**{**{f: getattr(frz, f) for f in frz.__struct_fields__}, "flags": FLAG_EXPORTING})
+    tail = _steps(200, 10, 0, busy_ms=5, t0=frz.end_ns, start_id=209)
+    b.add([_hello(), Stats(ts_ns=S), *base, *prof, frz, *tail])
+    wa, wb = a.window(None), b.window(None)
+    assert wb.excluded_s == pytest.approx(3.08)
+    assert wb.baseline_s == pytest.approx(4.0)
+    assert wb.tokens_per_s == pytest.approx(wa.tokens_per_s)
+    assert wb.idle_fraction == pytest.approx(0.5) and wa.idle_fraction == pytest.approx(0.5)
+    assert wb.step_ms["p99"] == pytest.approx(10.0)  # the 3 s freeze is not a baseline step
+    assert wb.steps == 400 and wb.profiled_steps == 8 and wb.exporting_steps == 1
+
+
+def test_requests_in_flight_during_excluded_time_leave_the_latencies() -> None:
+    a = TargetStats()
+    steps = _steps(100, 10, 0, t0=S)
+    frz = _steps(1, 2000, 0, t0=2 * S, start_id=100)[0]
+    frz = frz.__class__(**{**{f: getattr(frz, f) for f in frz.__struct_fields__}, "flags": FLAG_EXPORTING})
+    a.add([_hello(), Stats(ts_ns=S), *steps, frz])
+    a.add(
+        [
+            RequestRecord(req_id="clean", arrival_ns=S, finish_ns=S + 500 * MS, first_token_ns=S + 20 * MS,
+                          output_tokens=10),
+            RequestRecord(req_id="frozen", arrival_ns=2 * S - 100 * MS, finish_ns=4 * S,
+                          first_token_ns=3 * S, output_tokens=10),
+        ]
+    )  # fmt: skip
+    w = a.window(None)
+    assert w.requests_ok == 1 and w.requests_excluded == 1
+    assert w.ttft_ms["p99"] == pytest.approx(20.0)
+
+
+def test_the_bye_closes_the_recording_window() -> None:
+    a = TargetStats()
+    a.add([_hello(), Stats(ts_ns=S), *_steps(100, 10, 0, busy_ms=10, t0=S), Bye(reason="x", ts_ns=4 * S)])
+    w = a.window(None)
+    assert w.span_s == pytest.approx(3.0) and w.idle_fraction == pytest.approx(2 / 3)
+
+
+def test_figures_by_hand_straddling_steps_count_by_their_inside_part() -> None:
+    import numpy as np
+
+    start = np.array([0, 100, 200]) * MS
+    end = np.array([100, 200, 300]) * MS
+    flags = np.array([0, 0, 0])
+    busy = np.array([100.0, 100.0, 100.0]) * MS
+    fig = window_figures(start=start, end=end, flags=flags, busy=busy, nbytes=busy, flops=busy * np.nan,
+                         tokens=np.array([10, 10, 10]), w0_ns=50 * MS, w1_ns=400 * MS)  # fmt: skip
+    # window 350 ms: half of step 0 (50 ms), steps 1 and 2 whole: busy 250 ms
+    assert fig.seconds == pytest.approx(0.35)
+    assert fig.busy_s == pytest.approx(0.25)
+    assert fig.tokens == pytest.approx(25.0) and fig.steps == pytest.approx(2.5)
+    assert fig.idle_fraction == pytest.approx(1 - 0.25 / 0.35)
+    assert fig.flops is None
+    lo = owned_from(start + 10 * MS, end, -5)
+    assert list(lo) == [-5, 100 * MS, 200 * MS]  # the first from t0, then the previous end
+    assert EXCLUDED_FLAGS & FLAG_EXPORTING
