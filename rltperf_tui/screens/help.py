@@ -57,7 +57,13 @@ maximum.  The legend gives each stage's mean ms per step over the chart.
 **P50 / P95 / P99 of pooled samples** in the window (all samples together, not a mean
 of per-run percentiles).  Step = end - start of one step; gap as above; TTFT = first
 token - arrival; TPOT = (finish - first token) / (output tokens - 1), over requests that
-finished in the window.  Tokens/s = produced tokens / window.  **Goodput** = completed
+finished in the window.  Tokens/s = produced tokens / window.  The **window** is wall
+time, up to the newest moment the probe vouches for (a step's end, or its heartbeat
+between steps): when the load stops, idle climbs to 100 % and the header says "no steps
+for N s"; when the engine stops answering altogether (not even its ~1 s heartbeat) the
+header says "hung?" and the figures are marked stale.  Profiled, exporting and warm-up
+steps leave every figure (their time, tokens and bytes, and the requests in flight
+during them): the panel says how many were left out.  **Goodput** = completed
 requests per second meeting both SLOs (`--slo-ttft-ms`, `--slo-tpot-ms`; DistServe's
 definition).  Failed requests are counted, never dropped.
 

@@ -34,6 +34,12 @@ class LatencyPanel(Panel):
         ln.add("tokens/s ", "$text-muted").add(si(w.tokens_per_s, digits=1), "bold")
         ln.add("  failed ", "$text-muted")
         ln.add(f"{w.requests_failed:,}", "bold $error" if w.requests_failed else "bold")
+        excluded = w.profiled_steps + w.exporting_steps + w.warmup_steps
+        if excluded:
+            # they would show the profiler's cost as the engine's: every figure leaves them
+            ln.add(f"  left out: {excluded:,} profiled/exporting/warm-up steps", "$warning")
+            if w.requests_excluded:
+                ln.add(f", {w.requests_excluded:,} requests in flight then", "$warning")
         ln.nl()
         ln.add("goodput ", "$text-muted")
         if ctx.slo_ttft_ms is None and ctx.slo_tpot_ms is None:
