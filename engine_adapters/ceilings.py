@@ -9,7 +9,7 @@ from the first second; a full ``rltperf calibrate --device cpu`` replaces it.  `
 ``"calibration"``, ``"quick calibration"`` or ``"spec table"``; ``Ceiling.detail`` says
 what was measured or which datasheet row matched.
 
-Conventions (DESIGN.md): bandwidth in GB/s (10^9 B/s) counting bytes read plus bytes
+Conventions (docs/ARCHITECTURE.md): bandwidth in GB/s (10^9 B/s) counting bytes read plus bytes
 written (STREAM: a copy of S bytes moves 2·S); compute in GFLOP/s of *dense* matrix
 products (a multiply-add counts 2 FLOPs), in the engine's dtype.
 """

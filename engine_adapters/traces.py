@@ -1,6 +1,6 @@
 """Chrome traces (torch.profiler / Kineto JSON) read as evidence: steps, stages, operators, idle.
 
-This module is where the trace-based definitions live (DESIGN.md "Metric definitions"):
+This module is where the trace-based definitions live (docs/ARCHITECTURE.md, "Where each figure is defined"):
 
 - **Steps**: ``ProfilerStep#k`` spans (one per ``prof.step()``; in rltperf bundles each
   one covers a captured step *and the gap before it*), the probe's ``rltperf.step#<id>

@@ -1,7 +1,7 @@
 """The aggregator: records in, windowed statistics out.  No Textual; numpy only.
 
 The same code serves ``rltperf summary``, the live screen, ``compare`` and
-``bench ingest``.  Metric definitions are DESIGN.md's:
+``bench ingest``.  Metric definitions (docs/ARCHITECTURE.md):
 
 - step time = end − start; gap = start of step k+1 − end of step k (only between
   consecutive step ids, so a hole left by dropped records is not read as a gap);

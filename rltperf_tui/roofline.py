@@ -1,4 +1,4 @@
-"""Roofline arithmetic (pure functions; DESIGN.md's definitions).
+"""Roofline arithmetic (pure functions; docs/ARCHITECTURE.md, "Where each figure is defined").
 
 Units: bytes, FLOPs, seconds; bandwidth in GB/s (10^9 B/s) and compute in GFLOP/s
 (10^9 FLOP/s).  Peak bandwidth follows the STREAM convention (a copy of S bytes moves
@@ -77,7 +77,7 @@ def looped_step_bytes(
     kv_read: float = 0.0,
     kv_written: float = 0.0,
 ) -> float:
-    """Bytes a decode step of a looped transformer moves (DESIGN.md's count).
+    """Bytes a decode step of a looped transformer moves (docs/ARCHITECTURE.md, "Units and conventions").
 
     The shared block's weights are read once per loop pass (``loops`` times), weights
     used once per step (``once_params``: e.g. the LM head) once; plus the KV cache read

@@ -2,7 +2,7 @@
 
 The engine adds these up as it runs a step (``StepCounter``), so every step record
 carries the ground truth of what that step had to move and compute.  Conventions
-(DESIGN.md): a looped block's weights are read once per loop pass actually run; the
+(docs/ARCHITECTURE.md, "Units and conventions"): a looped block's weights are read once per loop pass actually run; the
 embedding reads only the rows it looks up; KV read is every cached key and value a query
 attends to, once per layer application (the ideal of a fused kernel: the reference
 engine's own gather copies it once more); KV written is every new key and value.

@@ -1,4 +1,4 @@
-"""Summary of a recording: the aggregator over the whole stream, DESIGN.md's metrics."""
+"""Summary of a recording: the aggregator over the whole stream (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
