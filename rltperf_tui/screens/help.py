@@ -63,7 +63,7 @@ between steps): when the load stops, idle climbs to 100 % and the header says "n
 for N s"; when the engine stops answering altogether (not even its ~1 s heartbeat) the
 header says "hung?" and the figures are marked stale.  Profiled, exporting and warm-up
 steps leave every figure (their time, tokens and bytes, and the requests in flight
-during them): the panel says how many were left out.  **Goodput** = completed
+during them): the panel's "excluded N steps, M req" says how many were left out.  **Goodput** = completed
 requests per second meeting both SLOs (`--slo-ttft-ms`, `--slo-tpot-ms`; DistServe's
 definition).  Failed requests are counted, never dropped.
 
