@@ -771,6 +771,15 @@ class TargetStats:
         w0 = first if seconds is None else max(first, w1 - int(seconds * 1e9))
         return min(w0, w1), w1
 
+    def kept_seconds(self) -> float | None:
+        """The window that holds exactly what the step ring still keeps: None (the whole
+        stream) until the ring has overwritten old steps, then from the oldest kept
+        step's start to now.  Whole-stream figures of a bounded ring use it."""
+        if self.steps.n <= len(self.steps) or not len(self.steps):
+            return None
+        oldest = int(self.steps.last("start", len(self.steps))[0])
+        return max(0.0, (self.vouched_ns - oldest) / 1e9)
+
     @property
     def quiet_s(self) -> float:
         """Data time since the newest step ended while the engine was between steps

@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "replay": "rltperf_tui.commands.replay",
     "engine": "rltperf_tui.commands.engine",
     "record": "rltperf_tui.commands.record",
+    "watch": "rltperf_tui.commands.watch",
     "capture": "rltperf_tui.commands.capture",
     "summary": "rltperf_tui.commands.summary",
     "report": "rltperf_tui.commands.report",

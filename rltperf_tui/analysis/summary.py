@@ -32,8 +32,10 @@ def load_recording(
 def summarize(
     stats: TargetStats, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
 ) -> dict[str, Any]:
-    """The ``rltperf summary --json`` object."""
-    w = stats.window(None, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+    """The ``rltperf summary --json`` object: the whole stream, or what a bounded ring
+    still keeps (``TargetStats.kept_seconds``; ``statistics`` then says so)."""
+    kept = stats.kept_seconds()
+    w = stats.window(kept, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
     out = w.as_summary()
     out["dropped"] = stats.dropped
     ceiling = stats.ceiling
@@ -71,6 +73,8 @@ def summarize(
         "percentiles of pooled samples over the whole recording; rates over its wall time "
         "(first to last timestamp), profiled/exporting/warm-up steps and their time left out"
     )
+    if kept is not None:
+        out["statistics"] += f"; only the last {len(stats.steps)} steps ({kept:.0f} s) were kept in memory"
     mw = stats.metrics_window(None)  # vLLM over HTTP: its /metrics, not per-step records
     if mw is not None:
         from dataclasses import asdict
