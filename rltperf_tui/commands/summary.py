@@ -15,7 +15,11 @@ Read a recording and print DESIGN.md's metrics over the whole of it: step time a
 gap P50/P95/P99, device idle fraction (1 - busy/wall), MBU (bytes / (wall x peak);
 null when no peak bandwidth is known), tokens/s, TTFT and TPOT percentiles of pooled
 samples, requests ok/failed, and records dropped.  JSON keys (--json): steps, wall_s,
-step_ms, gap_ms, idle_fraction, mbu, tokens_per_s, ttft_ms, tpot_ms, requests, dropped."""
+step_ms, gap_ms, idle_fraction, mbu, tokens_per_s, ttft_ms, tpot_ms, requests, dropped.
+
+A damaged file is read around the damage (every readable frame is kept); what was
+skipped, with byte offsets, goes to stderr and to "warning" in the JSON.  Exit status:
+0 read (with or without damage), 1 no readable record in the file."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,10 +43,15 @@ def _p(d: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     stats, header, warning = load_recording(args.file, args.peak_gbps, args.peak_gflops)
+    if not stats.records:
+        # Nothing to summarise is an error, not "steps 0" with exit status 0.
+        why = f" ({warning})" if warning else ""
+        print(f"rltperf summary: error: {args.file}: no readable records{why}", file=sys.stderr)
+        return 1
     out = summarize(stats, args.slo_ttft_ms, args.slo_tpot_ms)
     if warning:
         out["warning"] = warning
-        print(f"rltperf summary: warning: {warning}", file=sys.stderr)
+        print(f"rltperf summary: warning: {args.file}: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
