@@ -166,7 +166,9 @@ class FrameReader:
 # regex search instead of a Python loop over every byte).
 _TAGS = sorted(t.__struct_config__.tag for t in typing.get_args(Record))
 _BODY_START = re.compile(
-    b"(?:[\x90-\x9f]|\xdc..|\xdd....)(?:" + b"|".join(re.escape(msgspec.msgpack.encode(t)) for t in _TAGS) + b")",
+    b"(?:[\x90-\x9f]|\xdc..|\xdd....)(?:"
+    + b"|".join(re.escape(msgspec.msgpack.encode(t)) for t in _TAGS)
+    + b")",
     re.DOTALL,
 )
 _BODY_PREFIX = 5 + 1 + max(len(t) for t in _TAGS)

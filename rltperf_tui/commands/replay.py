@@ -36,10 +36,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"rltperf replay: error: {bad}", file=sys.stderr)
         return 2
     from engine_adapters.base import AdapterError
+    from engine_adapters.recording import RecordingError, scan
     from engine_adapters.replay import ReplayAdapter
     from rltperf_tui.app import TargetSpec
-
-    from engine_adapters.recording import RecordingError, scan
 
     specs = []
     for f in args.files:

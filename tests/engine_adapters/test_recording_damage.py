@@ -225,29 +225,38 @@ def test_compare_warns_on_stderr_and_compares_what_was_read(engine_recording, tm
 
 # -- property: random flips -----------------------------------------------------------------
 
-_DEMO_BYTES = DEMO.read_bytes()
-_DEMO_FRAMES = frames(_DEMO_BYTES)
-_DEMO_GOOD = [r for _, _, recs in _DEMO_FRAMES for r in recs]
-_FIRST_FRAME = _DEMO_FRAMES[0][0]
+
+@pytest.fixture(scope="module")
+def sources(engine_recording: Path) -> dict[str, tuple[bytes, list[tuple[int, int, list[Record]]]]]:
+    """The demo file (one record per frame) and the engine's (Batch frames), parsed once."""
+    out = {}
+    for name, path in (("demo", DEMO), ("engine", engine_recording)):
+        data = path.read_bytes()
+        out[name] = (data, frames(data))
+    return out
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    flips=st.lists(
-        st.tuples(st.integers(_FIRST_FRAME, len(_DEMO_BYTES) - 1), st.integers(1, 255)), min_size=1, max_size=6
-    )
-)
-def test_random_flips_never_raise_never_lose_undamaged_frames(flips, tmp_path):
-    b = bytearray(_DEMO_BYTES)
-    for i, x in flips:
+@pytest.mark.parametrize("which", ["demo", "engine"])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flips=st.lists(st.tuples(st.floats(0, 1), st.integers(1, 255)), min_size=1, max_size=6))
+def test_random_flips_never_raise_never_lose_undamaged_frames(which, flips, sources, tmp_path):
+    data, fr = sources[which]
+    good = [r for _, _, recs in fr for r in recs]
+    first_frame = fr[0][0]
+    at = [
+        (first_frame + min(int(f * (len(data) - first_frame)), len(data) - first_frame - 1), x)
+        for f, x in flips
+    ]
+    b = bytearray(data)
+    for i, x in at:
         b[i] ^= x
-    recs, r = read(tmp_path / "p.rltrec", bytes(b))
-    first = min(i for i, _ in flips)
-    before = untouched(_DEMO_FRAMES, first, len(_DEMO_BYTES))
+    recs, r = read(tmp_path / "p.rltrec", bytes(b))  # must not raise
+    first = min(i for i, _ in at)
+    before = untouched(fr, first, len(data))
     assert recs[: len(before)] == before, "records of frames before the first damaged byte"
-    damaged = {max(s for s, _, _ in _DEMO_FRAMES if s <= i) for i, _ in flips}
-    keep = [x for s, _, rr in _DEMO_FRAMES if s not in damaged for x in rr]
+    damaged = {max(s for s, _, _ in fr if s <= i) for i, _ in at}
+    keep = [x for s, _, rr in fr if s not in damaged for x in rr]
     assert is_subsequence(keep, recs), "records of undamaged frames (after the damage too)"
-    if len(recs) < len(_DEMO_GOOD):
+    if len(recs) < len(good):
         assert r.skipped_bytes > 0 or r.truncated_bytes > 0
         assert r.warning
