@@ -260,3 +260,53 @@ def test_random_flips_never_raise_never_lose_undamaged_frames(which, flips, sour
     if len(recs) < len(good):
         assert r.skipped_bytes > 0 or r.truncated_bytes > 0
         assert r.warning
+
+
+def test_replay_prints_the_damage_then_plays_what_was_read(tmp_path):
+    """`rltperf replay` on a real terminal (a pty): the warning with its byte offset comes
+    first, the screen plays the rest to its end, q quits with status 0."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import termios
+    import time
+
+    data = DEMO.read_bytes()
+    last = frames(data)[-1]
+    bad = tmp_path / "dmg.rltrec"
+    bad.write_bytes(_damage(data, last[0] + 6, last[0] + 7))
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TERM="xterm-256color")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rltperf_tui.cli", "replay", str(bad), "--speed", "0"],
+        stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
+    )  # fmt: skip
+    os.close(slave)
+    out = b""
+    quit_sent = False
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < 90 and proc.poll() is None:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:
+                    break
+            if not quit_sent and (b"ended" in out or time.monotonic() - t0 > 30):
+                os.write(master, b"q")
+                quit_sent = True
+        proc.wait(15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    text = out.decode("utf-8", "replace")
+    assert proc.returncode == 0, text[-2000:]
+    assert f"rltperf replay: warning: {bad}: skipped" in text and f"at byte {last[0]}" in text
+    n_good = sum(len(recs) for _, _, recs in frames(data))
+    assert f"read {n_good - len(last[2])} records" in text
+    assert b"ended" in out, "the screen played the recording to its end"
