@@ -3,7 +3,8 @@
 Layout: the 8 magic bytes ``RLTREC1\\n``, one length-prefixed msgpack map (the header:
 ``format``, ``schema``, ``created_utc``, ``target``, ``rltperf_version``, ``host``), then
 frames of records exactly as the probe sends them (the stream's ``Hello`` first).  A file
-cut short (a crash, a full disk) reads up to its last whole frame.
+cut short (a crash, a full disk) reads up to its last whole frame; a damaged file reads
+every frame it can (see ``RecordingReader``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import msgspec
 
 from engine_adapters import __version__
 from engine_adapters.records import SCHEMA_VERSION, Record, SessionEvent
-from engine_adapters.wire import FrameEncoder, FrameError, FrameReader
+from engine_adapters.wire import Damage, FrameEncoder, RecoveringFrameReader
 
 MAGIC = b"RLTREC1\n"
 FORMAT = 1
@@ -97,7 +98,15 @@ class RecordingWriter:
 
 
 class RecordingReader:
-    """Reads a recording: ``header`` then ``records()`` (streamed, bounded memory)."""
+    """Reads a recording: ``header`` then ``records()`` (streamed, bounded memory).
+
+    Damage never stops the read: a frame that cannot be read is skipped and the reader
+    resynchronises on the next good frame (``RecoveringFrameReader``), keeping the
+    records before and after it.  After the read: ``records_read``, ``damage`` (a list
+    of ``Damage(offset, size, reason, recovered)`` with file offsets), ``skipped_bytes``,
+    ``recovered_records``, ``truncated_bytes`` (a cut-off last frame) and ``warning``
+    (one sentence naming all of it, or None for an intact file).
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -108,43 +117,115 @@ class RecordingReader:
         except OSError as exc:
             raise RecordingError(f"cannot open {self.path}: {exc.strerror}") from None
         magic = self._f.read(len(MAGIC))
-        if magic != MAGIC:
+        # One or two damaged bytes in the magic still leave a recording worth reading.
+        if len(magic) < len(MAGIC) or sum(a != b for a, b in zip(magic, MAGIC, strict=True)) > 2:
             self._f.close()
             raise RecordingError(f"{self.path} is not an rltperf recording (no RLTREC1 header)")
+        self.header_damaged = magic != MAGIC
+        """The magic or the header map was damaged (``header`` then holds what was read)."""
         raw = self._f.read(4)
         if len(raw) < 4:
             self._f.close()
             raise RecordingError(f"{self.path}: header cut short")
         (n,) = struct.unpack(">I", raw)
-        body = self._f.read(n)
+        self.header: dict[str, Any] = {}
+        self._start = len(MAGIC) + 4 + n  # file offset of the first frame
         try:
-            self.header: dict[str, Any] = msgspec.msgpack.decode(body)
+            if n > 1 << 20:
+                raise msgspec.DecodeError("header length implausible")
+            header = msgspec.msgpack.decode(self._f.read(n))
+            if not isinstance(header, dict):
+                raise msgspec.DecodeError("header is not a map")
+            self.header = header
         except msgspec.DecodeError:
-            self._f.close()
-            raise RecordingError(f"{self.path}: header unreadable") from None
-        if self.header.get("schema") != SCHEMA_VERSION:
+            # Read the frames anyway: the scan starts after the magic and skips the header.
+            self.header_damaged = True
+            self._start = len(MAGIC)
+            self._f.seek(self._start)
+        if not self.header_damaged and self.header.get("schema") != SCHEMA_VERSION:
             self._f.close()
             raise RecordingError(
                 f"{self.path} has schema {self.header.get('schema')}, this rltperf reads {SCHEMA_VERSION}"
             )
-        self.truncated_bytes = 0
-        self.error: str | None = None
+        self._frames = RecoveringFrameReader(offset=self._start)
+        self._frames_end = self._start
+        self.records_read = 0
+        """Records read so far (recovered ones included)."""
+
+    @property
+    def damage(self) -> list[Damage]:
+        """Skipped runs of bytes, with file offsets (the header's, if damaged, first)."""
+        return self._frames.damage
+
+    @property
+    def skipped_bytes(self) -> int:
+        """Bytes skipped as unreadable (the cut-off tail is ``truncated_bytes``)."""
+        return self._frames.skipped_bytes
+
+    @property
+    def recovered_records(self) -> int:
+        """Records kept from inside damaged frames (a damaged ``Batch``'s whole records)."""
+        return self._frames.recovered_records + self._frames.truncated_recovered
+
+    @property
+    def truncated_bytes(self) -> int:
+        """Bytes of a cut-off last frame (a crash or a full disk while recording)."""
+        return self._frames.truncated_bytes
+
+    @property
+    def damaged(self) -> bool:
+        """Whether anything at all was skipped or cut off."""
+        return bool(self.damage or self.truncated_bytes or self.header_damaged)
+
+    @property
+    def warning(self) -> str | None:
+        """One sentence on what was skipped and where (file byte offsets), or None."""
+        parts = []
+        if self.header_damaged:
+            parts.append("the file header is damaged")
+        if self.damage:
+            where = ", ".join(f"{d.size} at byte {d.offset}" for d in self.damage[:5])
+            if len(self.damage) > 5:
+                where += f" and {len(self.damage) - 5} more"
+            rec = self._frames.recovered_records
+            parts.append(
+                f"skipped {self.skipped_bytes} damaged bytes in {len(self.damage)} "
+                f"run{'s' if len(self.damage) > 1 else ''} ({where}; first: {self.damage[0].reason})"
+                + (f", {rec} record{'s' if rec > 1 else ''} recovered from inside them" if rec else "")
+            )
+        if self.truncated_bytes:
+            rec = self._frames.truncated_recovered
+            parts.append(
+                f"the last {self.truncated_bytes} bytes (from byte "
+                f"{self._frames_end - self.truncated_bytes}) are a cut-off frame"
+                + (f", {rec} whole record{'s' if rec > 1 else ''} recovered from it" if rec else "")
+            )
+        if not parts:
+            return None
+        return f"{'; '.join(parts)}; read {self.records_read} records"
+
+    @property
+    def error(self) -> str | None:
+        """Older name of ``warning``."""
+        return self.warning
 
     def chunks(self, chunk_records_hint: int = 4096) -> Iterator[list[Record]]:
         """Yield lists of records as they are read (about 256 KiB of file each)."""
-        reader = FrameReader()
+        frames = self._frames
+        self._frames_end = self._start
         while True:
             data = self._f.read(1 << 18)
             if not data:
                 break
-            try:
-                recs = reader.feed(data)
-            except FrameError as exc:
-                self.error = f"{self.path}: {exc}; read stops there"
-                break
+            self._frames_end += len(data)
+            recs = frames.feed(data)
             if recs:
+                self.records_read += len(recs)
                 yield recs
-        self.truncated_bytes = reader.pending
+        recs = frames.finish()
+        if recs:
+            self.records_read += len(recs)
+            yield recs
 
     def records(self) -> Iterator[Record]:
         """Every record in order."""
@@ -166,3 +247,13 @@ def read_all(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Record]
     """Header and all records of a (small) recording."""
     with RecordingReader(path) as r:
         return r.header, list(r.records())
+
+
+def scan(path: str | os.PathLike[str]) -> RecordingReader:
+    """Read a whole recording without keeping its records, for its damage report
+    (``warning``, ``damage``, ...) and ``records_read``; raises ``RecordingError`` for a
+    file that is not a recording at all."""
+    with RecordingReader(path) as r:
+        for _ in r.chunks():
+            pass
+        return r

@@ -129,10 +129,8 @@ class ReplaySession(Session):
                     continue
                 self._ended = True
                 detail = "end of recording"
-                if self._reader.error:
-                    detail += f" ({self._reader.error})"
-                elif self._reader.truncated_bytes:
-                    detail += f" (last {self._reader.truncated_bytes} bytes were a cut-off frame)"
+                if self._reader.warning:
+                    detail += f" (damaged: {self._reader.warning})"
                 out.append(SessionEvent(state="ended", detail=detail))
                 break
             rec = self._buf[0]

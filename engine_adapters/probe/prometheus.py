@@ -61,7 +61,6 @@ from engine_adapters.records import (
     RequestRecord,
     StepRecord,
 )
-from engine_adapters.wire import parse_hostport
 
 if TYPE_CHECKING:
     from engine_adapters.probe.core import Probe
@@ -125,8 +124,14 @@ class _WindowCollector:
         yield c
 
 
+DEFAULT_HOST = "127.0.0.1"
+"""Where the metrics are served unless a host is given: loopback, whatever the probe
+listens on, because ``/metrics`` has no authentication (the probe's token does not
+cover it); serving them further is an explicit choice (``--prometheus-listen``)."""
+
+
 class PrometheusExporter:
-    """Serves the probe's metrics on ``host:port`` (the probe's listen host; port 0 = any).
+    """Serves the probe's metrics on ``host:port`` (``DEFAULT_HOST`` unless given; port 0 = any).
 
     ``address`` is ``host:port`` actually bound; ``close()`` stops the server.
     """
@@ -240,9 +245,7 @@ class PrometheusExporter:
             self.peak_gauge.labels(source=c.source).set(c.peak_bw_gbps * 1e9)
         reg.register(_WindowCollector(self))
 
-        if host is None:
-            host, _ = parse_hostport(probe.address)
-        host = host.strip("[]")
+        host = (host or DEFAULT_HOST).strip("[]")
         self._server, self._thread = start_http_server(port, addr=host, registry=reg)
         bound = self._server.server_address
         self.port = int(bound[1])

@@ -4,9 +4,12 @@ One thread, one ``selectors`` loop, non-blocking sockets.  Every ~20 ms it drain
 step ring (computing stage durations from the boundary marks), the request queue, the
 device samples and the capture replies, encodes each record once, and queues the frames
 to every subscriber.  Each subscriber has two queues: *control* (hello, stats, capture
-replies; never dropped) and *data* (steps, requests, device samples; bounded — when a
-subscriber does not read, its oldest data is dropped and counted, and the count reaches
-it in the next ``Stats``).  Nothing here can block or raise into the engine thread.
+replies; never dropped, bounded: at most one ``Stats`` waits, encoded when it is sent,
+and a subscriber with ``MAX_CTRL_FRAMES`` unsent replies is closed) and *data* (steps,
+requests, device samples; bounded — when a subscriber does not read, its oldest data is
+dropped and counted, and the count reaches it in the next ``Stats``).  A client sending
+more than ``MAX_REQUESTS_PER_S`` requests a second is closed with the reason logged.
+Nothing here can block or raise into the engine thread.
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ TICK_S = 0.05
 (the screen refreshes at 2-4 Hz; a shorter period costs the engine GIL time)."""
 MAX_CLIENT_FRAME = 64 * 1024
 """Clients only send small control frames."""
+CLIENT_READ = 4096
+"""Bytes read from a client per turn: a client sends a hello and a few requests a
+minute, and a flood is cut off after ``MAX_REQUESTS_PER_S`` requests, not after
+decoding whatever it managed to push into the socket."""
 MAX_SUBSCRIBERS = 64
 """Subscribers (after their hello) served at once."""
 MAX_PENDING = 256
@@ -61,6 +68,11 @@ STATS_EVERY_S = 1.0
 DATA_QUEUE_RECORDS = 4096
 """Data records queued per subscriber before the oldest are dropped."""
 DATA_QUEUE_BYTES = 2 * 1024 * 1024
+MAX_CTRL_FRAMES = 256
+"""Control frames queued per subscriber; one more closes it (it reads nothing)."""
+MAX_REQUESTS_PER_S = 100
+"""Requests (pings, captures) a client may send in one second; more closes it.  The
+monitor sends a few a minute; a flood would cost the engine GIL time in this thread."""
 SNDBUF = 256 * 1024
 """Kernel send buffer per subscriber: small, so a stalled reader shows as drops soon."""
 LOG_BURST = 10
@@ -94,7 +106,10 @@ class _Subscriber:
         "hello_deadline",
         "out",
         "reader",
+        "req_count",
+        "req_window",
         "sock",
+        "stats_queued",
         "token",
         "want_write",
     )
@@ -105,7 +120,10 @@ class _Subscriber:
         self.reader = FrameReader(MAX_CLIENT_FRAME)
         self.authed = False
         self.closing = False
-        self.ctrl: deque[bytes] = deque()
+        self.ctrl: deque[bytes | None] = deque()  # None: a Stats, encoded when it is sent
+        self.stats_queued = False
+        self.req_count = 0
+        self.req_window = 0.0
         self.data: deque[tuple[bytes, int]] = deque()
         self.data_bytes = 0
         self.data_records = 0
@@ -422,7 +440,7 @@ class Publisher(threading.Thread):
 
     def _read(self, sub: _Subscriber) -> None:
         try:
-            data = sub.sock.recv(65536)
+            data = sub.sock.recv(CLIENT_READ)
         except BlockingIOError:
             return
         except OSError as exc:
@@ -462,21 +480,32 @@ class Publisher(threading.Thread):
                 return False
             sub.authed = True
             sub.token = rec.token
-            sub.ctrl.append(self._hello())
+            self._queue_ctrl(sub, self._hello())
             self._send_stats(sub)  # the stream's first timestamp: where a recording begins
             log.info("subscriber %s attached (%s)", sub.addr, rec.client)
             return True
+        now = time.monotonic()
+        if now - sub.req_window >= 1.0:
+            sub.req_window, sub.req_count = now, 0
+        sub.req_count += 1
+        if sub.req_count > MAX_REQUESTS_PER_S:
+            self._close_sub(
+                sub,
+                f"flooding: more than {MAX_REQUESTS_PER_S} requests in one second "
+                f"({type(rec).__name__}; replies unread: {len(sub.ctrl)})",
+            )
+            return False
         if isinstance(rec, Capture):
             if self.token is not None and not _same(rec.token, self.token):
-                sub.ctrl.append(
+                return self._queue_ctrl(
+                    sub,
                     encode(
                         Refused(reason="capture refused: wrong or missing token", capture_id=rec.capture_id)
-                    )
+                    ),
                 )
-                return True
             refused = self.probe._capture_ctl.request(rec, self._live_stats())
             if refused is not None:
-                sub.ctrl.append(encode(refused))
+                return self._queue_ctrl(sub, encode(refused))
             return True
         if isinstance(rec, Ping):
             self._send_stats(sub)
@@ -509,7 +538,7 @@ class Publisher(threading.Thread):
 
     def _refuse_and_close(self, sub: _Subscriber, reason: str) -> None:
         self._log_limited("refusing %s: %s", sub.addr, reason)
-        sub.ctrl.append(encode(Refused(reason=reason)))
+        sub.ctrl.append(encode(Refused(reason=reason)))  # before the hello: the queue is short
         sub.closing = True
         sub.hello_deadline = time.monotonic() + 1.0  # flush the refusal, then close
         self._flush(sub)
@@ -517,23 +546,37 @@ class Publisher(threading.Thread):
             self._close_sub(sub, reason, level=logging.DEBUG)
 
     def _send_stats(self, sub: _Subscriber) -> None:
-        sub.ctrl.append(
-            encode(
-                Stats(
-                    ts_ns=_clk(),
-                    steps_total=self.probe._w,
-                    ring_dropped=self.ring_dropped,
-                    sub_dropped=sub.dropped,
-                    subscribers=sum(1 for s in self._subs if s.authed),
-                    in_step_since_ns=self.probe.in_step_since(),
-                )
+        # Coalesced: one Stats waits at most, and it is encoded when sent (fresh figures).
+        if not sub.stats_queued:
+            sub.stats_queued = True
+            sub.ctrl.append(None)
+
+    def _stats_frame(self, sub: _Subscriber) -> bytes:
+        sub.stats_queued = False
+        return encode(
+            Stats(
+                ts_ns=_clk(),
+                steps_total=self.probe._w,
+                ring_dropped=self.ring_dropped,
+                sub_dropped=sub.dropped,
+                subscribers=sum(1 for s in self._subs if s.authed),
+                in_step_since_ns=self.probe.in_step_since(),
             )
         )
 
+    def _queue_ctrl(self, sub: _Subscriber, frame: bytes) -> bool:
+        """Queue a control frame; False (and the subscriber closed) when its control
+        queue is full: replies are never dropped, so one that reads none must go."""
+        if len(sub.ctrl) >= MAX_CTRL_FRAMES:
+            self._close_sub(sub, f"{len(sub.ctrl)} control replies unread: the client does not read")
+            return False
+        sub.ctrl.append(frame)
+        return True
+
     def _broadcast_ctrl(self, frame: bytes) -> None:
-        for sub in self._subs:
+        for sub in list(self._subs):
             if sub.authed and not sub.closing:
-                sub.ctrl.append(frame)
+                self._queue_ctrl(sub, frame)
 
     def _queue_data(self, sub: _Subscriber, blob: bytes, n: int) -> None:
         sub.data.append((blob, n))
@@ -552,7 +595,8 @@ class Publisher(threading.Thread):
         while True:
             if sub.out is None:
                 if sub.ctrl:
-                    sub.out = memoryview(sub.ctrl.popleft())
+                    frame = sub.ctrl.popleft()
+                    sub.out = memoryview(frame if frame is not None else self._stats_frame(sub))
                 elif sub.data:
                     blob, c = sub.data.popleft()
                     sub.data_bytes -= len(blob)

@@ -14,7 +14,8 @@ def load_recording(
     path: str | os.PathLike[str], peak_gbps: float | None = None, peak_gflops: float | None = None
 ) -> tuple[TargetStats, dict[str, Any], str | None]:
     """A growing ``TargetStats`` holding every record of the file, its header, and a
-    warning (cut-off or damaged tail) or None."""
+    warning or None: what was skipped as damaged or cut off, with file byte offsets
+    (``RecordingReader.warning``; the records before and after damage are all kept)."""
     stats = TargetStats(capacity=8192, grow=True)
     if peak_gbps is not None or peak_gflops is not None:
         stats.peak_override = Ceiling(
@@ -23,10 +24,7 @@ def load_recording(
     with RecordingReader(path) as reader:
         for chunk in reader.chunks():
             stats.add(chunk)
-        warning = reader.error
-        if not warning and reader.truncated_bytes:
-            warning = f"the last {reader.truncated_bytes} bytes are a cut-off frame (ignored)"
-        return stats, reader.header, warning
+        return stats, reader.header, reader.warning
 
 
 def summarize(

@@ -31,6 +31,8 @@ not prove a speed-up.
 Configuration differences come first, always: a comparison across configurations says
 so.  One comparison is one claim: three or more configurations (base, +X, +Y) are
 refused, because gains of isolated features never add up to the combined mode's gain.
+A damaged recording is read around the damage and compared on what was read; what
+was skipped, with byte offsets, goes to stderr.
 Exit status: 0 done, 1 an input cannot be read, 2 the inputs cannot be compared."""
 
 
@@ -260,6 +262,22 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if kinds[0] == "recording":
+        from engine_adapters.recording import RecordingError, scan
+
+        for p in paths:
+            # A damaged recording is compared on what could be read; say so on stderr.
+            try:
+                check = scan(p)
+            except RecordingError as exc:
+                print(f"rltperf compare: error: {exc}", file=sys.stderr)
+                return 1
+            if not check.records_read:
+                why = f" ({check.warning})" if check.warning else ""
+                print(f"rltperf compare: error: {p}: no readable records{why}", file=sys.stderr)
+                return 1
+            if check.warning:
+                print(f"rltperf compare: warning: {p}: {check.warning}", file=sys.stderr)
     try:
         if kinds[0] == "bundle":
             if len(paths) != 2:

@@ -86,7 +86,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="P",
-        help="also serve Prometheus metrics on port P",
+        help="also serve Prometheus metrics on 127.0.0.1:P: loopback only, whatever --listen says, "
+        "because /metrics has no authentication (the probe's --token does not cover it)",
+    )
+    p.add_argument(
+        "--prometheus-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve the Prometheus metrics on HOST:PORT instead (e.g. 0.0.0.0:9400 for a scraper on "
+        "another machine: anyone who can reach that port reads the metrics, without a token)",
     )
     p.add_argument(
         "--max-num-seqs",
@@ -201,10 +209,25 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, MemoryError) as exc:  # allocation failures and the like
         print(f"rltperf engine: error: could not build the model: {exc}", file=sys.stderr)
         return 1
+    prom_host: str | None = None
+    prom_port = args.prometheus_port
+    if args.prometheus_listen is not None:
+        from engine_adapters.wire import parse_hostport
+
+        try:
+            prom_host, prom_port = parse_hostport(args.prometheus_listen, default_port=-1)
+        except ValueError as exc:
+            print(f"rltperf engine: error: --prometheus-listen: {exc}", file=sys.stderr)
+            return 2
+        if prom_port == -1:
+            prom_port = args.prometheus_port
+        if prom_port is None:
+            print("rltperf engine: error: --prometheus-listen needs HOST:PORT", file=sys.stderr)
+            return 2
     try:
         probe = Probe(
             args.listen, engine.engine_info(args.duration), token=args.token, snapshot_root=args.snapshots,
-            prometheus_port=args.prometheus_port,
+            prometheus_port=prom_port if prom_host is None else None,
         )  # fmt: skip
     except ValueError as exc:
         print(f"rltperf engine: error: {exc}", file=sys.stderr)
@@ -218,9 +241,30 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    exporter = probe._prometheus  # the loopback default, started by the probe
+    if prom_host is not None:
+        try:
+            from engine_adapters.probe.prometheus import PrometheusExporter
+
+            exporter = PrometheusExporter(probe, prom_port, host=prom_host)
+        except (OSError, ImportError) as exc:
+            probe.close("could not serve Prometheus metrics")
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            print(
+                f"rltperf engine: error: --prometheus-listen {args.prometheus_listen}: {why}", file=sys.stderr
+            )
+            return 1
     engine.attach(probe)
     print(f"rltperf engine: probe listening on tcp://{probe.address}  (attach: rltperf attach tcp://{probe.address})",
           flush=True)  # fmt: skip
+    if exporter is not None:
+        from engine_adapters.wire import is_loopback
+
+        host = exporter.address.rsplit(":", 1)[0].strip("[]")
+        reach = "loopback only" if is_loopback(host) else "no authentication: anyone who can reach it"
+        print(
+            f"rltperf engine: Prometheus metrics on http://{exporter.address}/metrics ({reach})", flush=True
+        )
     mc = engine.model_cfg
     print(
         f"model {engine.model_desc}: {mc.describe()}; {engine.model.param_count() / 1e6:.2f} M params, "
@@ -258,6 +302,8 @@ def run(args: argparse.Namespace) -> int:
         for s, h in old.items():
             signal.signal(s, h)
         probe.close(reason)  # ships the last steps and requests, then the Bye
+        if exporter is not None and prom_host is not None:
+            exporter.close()
     t = engine.totals
     el = time.monotonic() - t0
     mean_depth = (

@@ -14,7 +14,9 @@ Play one or more recordings (`rltperf record`, or `r` in the monitor) through th
 screen as a live target.  "Last 10 s" is data time, so the figures are the ones the
 live screen showed.  Keys: p play/pause, + / - double / halve the speed, space
 freeze the display, ? help, q quit.  --speed 0 reads as fast as it can (the screen
-then shows the end of the recording)."""
+then shows the end of the recording).  A damaged file plays around the damage: what
+was skipped, with byte offsets, is printed first (exit status 1 when nothing in a file
+is readable)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rltperf replay: error: {bad}", file=sys.stderr)
         return 2
     from engine_adapters.base import AdapterError
+    from engine_adapters.recording import RecordingError, scan
     from engine_adapters.replay import ReplayAdapter
     from rltperf_tui.app import TargetSpec
 
@@ -42,6 +45,19 @@ def run(args: argparse.Namespace) -> int:
         if not os.path.isfile(f):
             print(f"rltperf replay: error: {f}: no such file", file=sys.stderr)
             return 1
+        # Read it through once first: damage is reported here, on the terminal the
+        # screen returns to, and a file with nothing readable never opens an empty screen.
+        try:
+            check = scan(f)
+        except RecordingError as exc:
+            print(f"rltperf replay: error: {exc}", file=sys.stderr)
+            return 1
+        if not check.records_read:
+            why = f" ({check.warning})" if check.warning else ""
+            print(f"rltperf replay: error: {f}: no readable records{why}", file=sys.stderr)
+            return 1
+        if check.warning:
+            print(f"rltperf replay: warning: {f}: {check.warning}", file=sys.stderr)
         adapter = ReplayAdapter(f, speed=args.speed, loop=args.loop)
         try:
             session = adapter.connect()

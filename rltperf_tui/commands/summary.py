@@ -19,7 +19,11 @@ to its last timestamp: quiet time counts as idle) less the time of profiled,
 exporting and warm-up steps, which leave every figure, as do the requests in flight
 during them (the output says how many).  JSON keys (--json): steps, wall_s, baseline_s,
 excluded_s, step_ms, gap_ms, idle_fraction, mbu, tokens_per_s, ttft_ms, tpot_ms,
-requests, excluded, dropped."""
+requests, excluded, dropped.
+
+A damaged file is read around the damage (every readable frame is kept); what was
+skipped, with byte offsets, goes to stderr and to "warning" in the JSON.  Exit status:
+0 read (with or without damage), 1 no readable record in the file."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,10 +47,15 @@ def _p(d: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     stats, header, warning = load_recording(args.file, args.peak_gbps, args.peak_gflops)
+    if not stats.records:
+        # Nothing to summarise is an error, not "steps 0" with exit status 0.
+        why = f" ({warning})" if warning else ""
+        print(f"rltperf summary: error: {args.file}: no readable records{why}", file=sys.stderr)
+        return 1
     out = summarize(stats, args.slo_ttft_ms, args.slo_tpot_ms)
     if warning:
         out["warning"] = warning
-        print(f"rltperf summary: warning: {warning}", file=sys.stderr)
+        print(f"rltperf summary: warning: {args.file}: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0

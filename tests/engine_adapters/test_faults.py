@@ -9,7 +9,9 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
+from typing import Any
 
 import msgspec
 import pytest
@@ -198,3 +200,129 @@ def test_wrong_address_is_a_clear_error():
         ProbeAdapter("tcp://127.0.0.1:1", reconnect=False).connect()
     with pytest.raises(AdapterConnectionError, match="cannot resolve"):
         ProbeAdapter("tcp://no-such-host.invalid:7788", reconnect=False).connect()
+
+
+# -- a client that floods requests without reading its replies -----------------------------
+
+
+def _pinger(
+    address: str, stop: threading.Event, per_s: float | None, state: dict[str, int], reconnect: bool = True
+) -> None:
+    """A raw socket client: hello, then pings (``per_s`` a second, or as fast as the
+    socket takes them), never reading a reply.  Reconnects when closed if told to."""
+    from engine_adapters.records import SCHEMA_VERSION, Ping
+
+    host, port = address.rsplit(":", 1)
+    ping = encode(Ping())
+    while not stop.is_set():
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # its replies back up soon
+        s.connect((host, int(port)))
+        state["connects"] += 1
+        try:
+            s.sendall(encode(ClientHello(schema=SCHEMA_VERSION, client="flooder")))
+            while not stop.is_set():
+                if per_s is None:
+                    s.sendall(ping * 500)
+                else:
+                    s.sendall(ping)
+                    time.sleep(1 / per_s)
+                state["pings"] += 500 if per_s is None else 1
+        except OSError:
+            state["closed"] += 1
+        finally:
+            s.close()
+        if not reconnect:
+            break
+
+
+def _ctrl_lengths(probe: Any) -> list[int]:
+    """Control-queue length of every subscriber of an in-process probe (the figure the
+    flood used to grow without bound)."""
+    return [len(sub.ctrl) for sub in list(probe._publisher._subs)]
+
+
+def _stepping(probe: Any, stop: threading.Event, sleep_s: float) -> None:
+    while not stop.is_set():
+        with probe.step("decode", 4, 4) as st:
+            st.mark("forward")
+            time.sleep(sleep_s)
+
+
+def test_ping_flood_is_closed_and_its_queue_stays_bounded(caplog):
+    from engine_adapters.probe import Probe
+
+    p = Probe("127.0.0.1:0", {"name": "unit"}, warm_profiler=False, sample_devices=False)
+    stop = threading.Event()
+    state = {"connects": 0, "pings": 0, "closed": 0}
+    threads = [
+        threading.Thread(target=_stepping, args=(p, stop, 0.0005), daemon=True),
+        threading.Thread(target=_pinger, args=(p.address, stop, None, state), daemon=True),
+    ]
+    worst = 0
+    try:
+        with caplog.at_level("WARNING", logger="rltperf.probe"):
+            for t in threads:
+                t.start()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 2.0:
+                worst = max([worst, *_ctrl_lengths(p)])
+                time.sleep(0.002)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+        p.close()
+    assert worst <= 4, f"control queue of the flooding client reached {worst} frames"
+    assert state["closed"] >= 1, state
+    assert any("flooding" in m and "requests in one second" in m for m in caplog.messages)
+
+
+def test_unread_stats_replies_are_coalesced(caplog):
+    """Pings under the rate limit from a client that never reads, while the data stream
+    fills its socket: one Stats waits at most, the client stays attached."""
+    from engine_adapters.probe import Probe
+
+    p = Probe("127.0.0.1:0", {"name": "unit"}, warm_profiler=False, sample_devices=False)
+    stop = threading.Event()
+    state = {"connects": 0, "pings": 0, "closed": 0}
+    threads = [
+        threading.Thread(target=_stepping, args=(p, stop, 0.0002), daemon=True),
+        threading.Thread(target=_pinger, args=(p.address, stop, 50.0, state), daemon=True),
+    ]
+    worst = 0
+    try:
+        for t in threads:
+            t.start()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 4.0:
+            worst = max([worst, *_ctrl_lengths(p)])
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+        p.close()
+    assert state["pings"] > 100 and state["closed"] == 0 and state["connects"] == 1, state
+    assert worst <= 2, f"{worst} control frames queued for a client pinging 50 times a second"
+
+
+@pytest.mark.slow
+def test_a_ping_flood_does_not_slow_the_engine_for_other_subscribers(loop_engine):
+    pid = loop_engine.proc.pid
+    before = _rate(loop_engine.target, 3.0, pid)
+    stop = threading.Event()
+    state = {"connects": 0, "pings": 0, "closed": 0}
+    t = threading.Thread(target=_pinger, args=(loop_engine.address, stop, None, state, False), daemon=True)
+    t.start()
+    try:
+        during = _rate(loop_engine.target, 4.0, pid)
+    finally:
+        stop.set()
+        t.join(10)
+    assert state["closed"] == 1 and state["pings"] > 0, state
+    # Steps per engine CPU-second (immune to other tenants) and the wall rate the
+    # well-behaved subscriber sees both hold while the client floods.
+    assert during[1] > 0.85 * before[1], (before, during, state)
+    assert during[0] > 0.7 * before[0], (before, during, state)
+    assert "flooding" in loop_engine.log_text()

@@ -188,3 +188,99 @@ def test_prometheus_counts_captures(tmp_path: Path) -> None:
         eng.stop()
     assert _one(s, "rltperf_captures_total", mode="ops", result="saved") == 1
     assert _one(s, "rltperf_profiled_steps_total") >= 3
+
+
+# -- where the metrics are served ------------------------------------------------------------
+
+
+def _outward_ip() -> str | None:
+    """A non-loopback address of this machine (no packet is sent), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+            ip = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if ip.startswith("127.") else ip
+
+
+def _listening_hosts(port: int) -> set[str]:
+    """IPv4 addresses a TCP socket listens on at ``port`` (from /proc/net/tcp)."""
+    out = set()
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            h, p = local.split(":")
+            if state == "0A" and int(p, 16) == port:
+                out.add(socket.inet_ntoa(bytes.fromhex(h)[::-1]))
+    return out
+
+
+def _refused(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except OSError:
+        return True
+    return False
+
+
+def test_metrics_stay_on_loopback_when_the_probe_listens_everywhere() -> None:
+    from engine_adapters.probe import Probe
+
+    p = Probe("0.0.0.0:0", {"name": "x"}, warm_profiler=False, sample_devices=False, token="s3cret",
+              prometheus_port=0)  # fmt: skip
+    try:
+        assert p._prometheus is not None
+        host, port = p._prometheus.address.rsplit(":", 1)
+        assert host == "127.0.0.1"
+        assert _listening_hosts(int(port)) == {"127.0.0.1"}
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            assert b"rltperf_engine_info" in r.read()
+        ip = _outward_ip()
+        if ip is not None:
+            probe_port = int(p.address.rsplit(":", 1)[1])
+            assert not _refused(ip, probe_port), "the probe itself does listen off loopback"
+            assert _refused(ip, int(port)), "the metrics port must not answer off loopback"
+    finally:
+        p.close()
+
+
+def test_engine_help_says_where_metrics_are_served() -> None:
+    from tests.conftest import run_rltperf
+
+    out = run_rltperf("engine", "--help").stdout
+    flat = " ".join(out.split())
+    assert "--prometheus-listen HOST:PORT" in flat
+    assert "127.0.0.1:P: loopback only" in flat and "no authentication" in flat
+
+
+@pytest.mark.slow
+def test_engine_metrics_bind_loopback_unless_told_otherwise(tmp_path: Path) -> None:
+    import selectors
+
+    def metrics_line(extra: list[str]) -> str:
+        eng = start_engine(
+            ["-m", "rltperf_tui.cli", "engine", "--listen", "0.0.0.0:0", "--token", "s3cret",
+             "--duration", "30", "--snapshots", str(tmp_path), *extra]
+        )  # fmt: skip
+        try:
+            assert eng.proc.stdout is not None
+            sel = selectors.DefaultSelector()
+            sel.register(eng.proc.stdout, selectors.EVENT_READ)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if sel.select(0.5):
+                    line = eng.proc.stdout.readline()
+                    if "Prometheus metrics on" in line:
+                        url = line.split("http://", 1)[1].split("/metrics")[0]
+                        with urllib.request.urlopen(f"http://{url}/metrics", timeout=10) as r:
+                            assert r.status == 200
+                        return line
+            raise AssertionError("no Prometheus line: " + eng.log_text()[-2000:])
+        finally:
+            eng.stop()
+
+    line = metrics_line(["--prometheus-port", "0"])
+    assert "http://127.0.0.1:" in line and "loopback only" in line
+    line = metrics_line(["--prometheus-listen", "0.0.0.0:0"])
+    assert "http://0.0.0.0:" in line and "no authentication" in line
