@@ -546,7 +546,7 @@ def decide(
         floor = (abs_floor or {}).get(d.unit, 0.0)
         rel_need = min_effect * abs(d.a) if d.a else 0.0
         if rel_need >= floor:
-            d.need, d.need_basis = rel_need, f"{min_effect * 100:.3g}% of A"
+            d.need, d.need_basis = rel_need, f"{min_effect * 100:g}% of A"
         else:
             d.need = floor
             d.need_basis = (floor_basis or {}).get(d.unit, f"at least {floor:.4g} {d.unit}")
