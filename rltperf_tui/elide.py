@@ -11,6 +11,7 @@ from __future__ import annotations
 MARK = "…"
 """What marks a cut."""
 
+
 def _in_number(text: str, p: int) -> bool:
     """True when a cut before ``text[p]`` would split a number (``12|3``, ``1|.5``, ``1.|5``, ``-|5``)."""
     if p <= 0 or p >= len(text):

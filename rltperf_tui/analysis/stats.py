@@ -285,15 +285,10 @@ def explain(m: dict[str, Any]) -> str:
             if lo <= 0 <= hi:
                 s += f"; the 95% CI {ci}{u} includes 0"
             else:
-                s += (
-                    f"; the 95% CI {ci}{u} excludes 0 but is not corrected for comparing {n} metrics "
-                    "at once"
-                )
+                s += f"; the 95% CI {ci}{u} excludes 0 but is not corrected for comparing {n} metrics at once"
         out.append(s)
     if FAIL_MIN_EFFECT in failed:
-        out.append(
-            f"below {need}: |B-A| is {fmt(adiff)}{u} ({fmt_rel(m['rel_diff'])} of A)"
-        )
+        out.append(f"below {need}: |B-A| is {fmt(adiff)}{u} ({fmt_rel(m['rel_diff'])} of A)")
     if FAIL_DRIFT in failed:
         out.append(
             f"drift within recordings: the quarters of one recording already differ by up to "
