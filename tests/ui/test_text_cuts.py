@@ -42,3 +42,27 @@ async def test_no_panel_line_cuts_a_number(size: tuple[int, int]) -> None:
         full = tl.render_text()
         for name, value in items:
             assert f"{name} {value}" in full
+
+
+@sync
+async def test_status_bar_never_cuts_a_number() -> None:
+    """The always-visible status bar, display paused with records arriving, at every
+    other width from 60 to 110: a cut is at a word boundary ("+12,3…" was possible)."""
+    from rltperf_tui.widgets.status_bar import StatusBar
+
+    app = MonitorApp([replay_spec(speed=1.0)])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(1.0)
+        await pilot.press("space")
+        await pilot.pause(1.0)
+        sb = app.query_one(StatusBar)
+        assert sb.info.paused and sb.info.paused_records > 0
+        cuts = 0
+        for w in range(60, 111, 2):
+            await pilot.resize_terminal(w, 24)
+            await pilot.pause(0.05)
+            app.force_render()
+            line = sb.render_line(0).text.rstrip()
+            assert not re.search(r"[\d.,]…", line), (w, line)
+            cuts += line.endswith("…")
+        assert cuts, "the bar never overflowed: the test proves nothing"
