@@ -403,7 +403,7 @@ def compare_recordings(
         alpha=alpha,
         min_effect=min_effect,
         abs_floor={"ms": 0.01 * a_step_p50, "fraction": 0.01},
-        floor_basis={"ms": "1% of A's median step time", "fraction": "an absolute 0.01"},
+        floor_basis={"ms": "1% of A's median step time", "fraction": "the absolute floor"},
     )
 
     # ---- drift: quarters of each recording, and rounds
@@ -521,7 +521,7 @@ def _summary(metrics: list[dict[str, Any]]) -> list[str]:
             counts[m["verdict"]] = counts.get(m["verdict"], 0) + 1
         parts = [f"{v} {k}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])]
         out.append(
-            f"No significant difference: of {len(tested)} compared metrics, " + ", ".join(parts) + "."
+            f"No significant difference: of {len(tested)} compared metrics, " + "; ".join(parts) + "."
             if parts
             else "No metric could be compared."
         )
@@ -662,8 +662,10 @@ def compare_bundles(a_path: str, b_path: str, top: int = 20) -> dict[str, Any]:
         warnings.append("a contract is missing: configuration differences cannot be listed in full")
     for lab, r in (("A", ra), ("B", rb)):
         if not r["complete"]:
+            more = len(r["problems"]) - 3
             warnings.append(
-                f"{lab} is incomplete ({'; '.join(r['problems'][:3])}): what is missing there is "
+                f"{lab} is incomplete ({'; '.join(r['problems'][:3])}"
+                f"{f'; and {more} more' if more > 0 else ''}): what is missing there is "
                 "not a saving or a cost"
             )
     if ra.get("mode") != rb.get("mode"):
