@@ -17,8 +17,10 @@ time moved; they are not a speed-up claim.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +34,7 @@ from engine_adapters.records import (
 )
 from rltperf_tui.analysis import stats as S
 from rltperf_tui.analysis.summary import load_recording
+from rltperf_tui.elide import elide
 
 EXCLUDE_FLAGS = F.EXCLUDED_FLAGS
 SCOPE = (
@@ -49,6 +52,66 @@ COMBINE_REFUSAL = (
 
 class CompareError(Exception):
     """The inputs cannot be compared; the message says why."""
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _files_of(path: str) -> list[str]:
+    """The files that make up an input: the file itself, or every file of a bundle folder."""
+    if not os.path.isdir(path):
+        return [path]
+    out = []
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        out += [os.path.join(root, f) for f in sorted(files)]
+    return out
+
+
+def _content_digest(path: str) -> str:
+    h = hashlib.sha256()
+    for f in _files_of(path):
+        h.update(os.path.relpath(f, path).encode() + b"\0")
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def check_distinct(paths: list[str]) -> None:
+    """Refuse an input given twice: by path, by link (same inode) or by content (a copy).
+
+    One file counted twice would pass as an independent round or side and narrow the
+    evidence with nothing measured twice.  Content is hashed only among inputs of equal
+    size, so distinct recordings cost one ``stat`` each.
+    """
+    seen: dict[tuple[int, int], int] = {}
+    sizes: dict[int, list[int]] = {}
+    for i, p in enumerate(paths):
+        st = os.stat(p)
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            j = seen[key]
+            raise CompareError(
+                f"input {i + 1} ({p}) is input {j + 1} ({paths[j]}) again: each input must be its own "
+                "recording or bundle, so one file cannot count as two rounds or as both A and B"
+            )
+        seen[key] = i
+        total = sum(os.path.getsize(f) for f in _files_of(p))
+        sizes.setdefault(total, []).append(i)
+    digests: dict[str, int] = {}
+    for group in sizes.values():
+        if len(group) < 2:
+            continue
+        for i in group:
+            d = _content_digest(paths[i])
+            if d in digests:
+                j = digests[d]
+                raise CompareError(
+                    f"input {i + 1} ({paths[i]}) has the same content as input {j + 1} ({paths[j]}): a copy "
+                    "of one recording or bundle cannot count as two rounds or as both A and B"
+                )
+            digests[d] = i
 
 
 # --------------------------------------------------------------------------- recordings
@@ -265,6 +328,7 @@ def compare_recordings(
     block_s: float = S.DEFAULT_BLOCK_S,
 ) -> dict[str, Any]:
     """Compare A and B recordings (several of each: interleaved rounds, paired in order)."""
+    check_distinct([p for pair in zip(a_paths, b_paths, strict=False) for p in pair])
     rng = np.random.default_rng(seed)
     A = load_side("A", a_paths, peak_gbps, block_s)
     B = load_side("B", b_paths, peak_gbps, block_s)
@@ -276,9 +340,6 @@ def compare_recordings(
                 "(was the engine stepping while it was recorded?)"
             )
     warnings = A.warnings + B.warnings
-    same = sorted(set(map(os.path.realpath, A.paths)) & set(map(os.path.realpath, B.paths)))
-    if same:
-        warnings.append(f"A and B share the recording(s) {', '.join(same)}: a file compared with itself")
     # ---- configuration first
     cfg_a = _flat_info(A.info, A.headers[0] if A.headers else None, A.ceiling)
     cfg_b = _flat_info(B.info, B.headers[0] if B.headers else None, B.ceiling)
@@ -347,7 +408,13 @@ def compare_recordings(
     d.extra["key"] = "mbu"
     diffs.append(d)
     a_step_p50 = _metric_values(A, "step_ms", 50) or 0.0
-    S.decide(diffs, alpha=alpha, min_effect=min_effect, abs_floor={"ms": 0.01 * a_step_p50, "fraction": 0.01})
+    S.decide(
+        diffs,
+        alpha=alpha,
+        min_effect=min_effect,
+        abs_floor={"ms": 0.01 * a_step_p50, "fraction": 0.01},
+        floor_basis={"ms": "1% of A's median step time", "fraction": "the absolute floor"},
+    )
 
     # ---- drift: quarters of each recording, and rounds
     drift: dict[str, Any] = {"segments": {}, "rounds": None}
@@ -366,15 +433,11 @@ def compare_recordings(
             continue
         worst = max(spreads)
         drift["segments"][key] = {k: None if v is None else [round(x, 6) for x in v] for k, v in segs.items()}
-        d.extra["segment_spread"] = round(worst, 6)
+        d.extra["segment_spread"] = S.round_sig(worst)
         assert d.diff is not None
         if abs(d.diff) <= worst:
-            d.significant = False
-            d.verdict = "not established (drift)"
-            d.reason = (
-                f"the quarters of one recording already differ by {worst:.4g} {d.unit}, as much as the "
-                f"A/B difference ({abs(d.diff):.4g}): this may be the machine, not the change"
-            )
+            d.failed.append(S.FAIL_DRIFT)
+        d.settle()
     n_rounds = min(len(A.parts), len(B.parts))
     if n_rounds >= 2:
         rounds = []
@@ -407,32 +470,15 @@ def compare_recordings(
                 }
             )
             if d.significant and not consistent:
-                d.significant = False
-                d.verdict = "not established (rounds disagree)"
-                d.reason = f"the per-round differences change sign over {n_rounds} rounds: {[round(x, 4) for x in dd]}"
+                d.extra["round_diffs"] = [S.round_sig(x) for x in dd]
+                d.failed.append(S.FAIL_ROUNDS)
+                d.settle()
         drift["rounds"] = {"n": n_rounds, "metrics": rounds}
     elif len(A.parts) != len(B.parts):
         warnings.append(f"A has {len(A.parts)} recordings and B {len(B.parts)}: rounds must pair up")
 
-    sig = [d for d in diffs if d.significant]
-    summary: list[str] = []
-    for d in sig:
-        assert d.diff is not None
-        direction = "higher" if d.diff > 0 else "lower"
-        summary.append(
-            f"{d.metric}: B is {abs(d.diff):.4g} {d.unit} {direction} than A "
-            f"({d.rel:+.1%} of A; 95% CI [{d.ci_low:.4g}, {d.ci_high:.4g}]) — significant"
-        )
-    if not sig:
-        tested = [d for d in diffs if d.p is not None]
-        drifted = [d.metric for d in tested if d.verdict.startswith("not established")]
-        text = f"No significant difference: of {len(tested)} compared metrics, {len(tested) - len(drifted)} are within noise"
-        if drifted:
-            text += (
-                f" and {len(drifted)} ({', '.join(drifted)}) differ by no more than the recordings wander "
-                "on their own (not established)"
-            )
-        summary.append(text + ".")
+    metrics = [d.as_dict() for d in diffs]
+    summary = _summary(metrics)
     stage_rows = _stage_rows(A, B)
     return {
         "kind": "recordings",
@@ -441,8 +487,8 @@ def compare_recordings(
         "config_differences": cdiff,
         "same_configuration": not cdiff,
         "config_note": _config_note(cdiff),
-        "metrics": [d.as_dict() for d in diffs],
-        "significant": [d.extra["key"] for d in sig],
+        "metrics": metrics,
+        "significant": [m["key"] for m in metrics if m["significant"]],
         "summary": summary,
         "stages_ms_mean": stage_rows,
         "drift": drift,
@@ -463,6 +509,33 @@ def compare_recordings(
         },
         "_series": (A, B),
     }
+
+
+def _summary(metrics: list[dict[str, Any]]) -> list[str]:
+    """One sentence per significant metric, or what the compared metrics came to.
+
+    Written from the metrics' JSON figures with the table's formatting functions, so the
+    sentences and the table print every number identically."""
+    sig = [m for m in metrics if m["significant"]]
+    out = []
+    for m in sig:
+        direction = "higher" if m["diff"] > 0 else "lower"
+        out.append(
+            f"{m['metric']}: B is {S.fmt(abs(m['diff']))} {m['unit']} {direction} than A "
+            f"({S.fmt_rel(m['rel_diff'])} of A; 95% CI {S.fmt_ci(*m['ci95'])}) — significant"
+        )
+    if not sig:
+        tested = [m for m in metrics if m["p"] is not None]
+        counts: dict[str, int] = {}
+        for m in tested:
+            counts[m["verdict"]] = counts.get(m["verdict"], 0) + 1
+        parts = [f"{v} {k}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])]
+        out.append(
+            f"No significant difference: of {len(tested)} compared metrics, " + "; ".join(parts) + "."
+            if parts
+            else "No metric could be compared."
+        )
+    return out
 
 
 def _segment_values(part: dict[str, Any], key: str, peak: float | None) -> list[float] | None:
@@ -554,6 +627,24 @@ def _config_note(cdiff: list[dict[str, Any]]) -> str:
     )
 
 
+def _bundle_config_note(capture_diff: list[dict[str, Any]], engine_diff: list[dict[str, Any]]) -> str:
+    """The configuration note of two bundles: how they were captured, then the engine."""
+    if not capture_diff:
+        return _config_note(engine_diff)
+    how = "; ".join(f"{d['field']} {d['a']} vs {d['b']}" for d in capture_diff)
+    text = (
+        f"A and B were captured differently ({how}): the profiler's cost differs between them, so their "
+        "figures differ even for one engine; "
+    )
+    if not engine_diff:
+        return text + "the engine configuration is the same."
+    names = ", ".join(d["field"] for d in engine_diff)
+    return (
+        text + f"the engine also differs ({names}), and the capture difference is mixed into it: "
+        "capture both in one mode and window to see the engine's difference alone."
+    )
+
+
 # --------------------------------------------------------------------------- bundles
 
 
@@ -561,21 +652,30 @@ def compare_bundles(a_path: str, b_path: str, top: int = 20) -> dict[str, Any]:
     """Operator, stage and step differences between two capture bundles (profiled)."""
     from rltperf_tui.analysis.report import analyze_bundle
 
+    check_distinct([a_path, b_path])
     A = analyze_bundle(a_path)
     B = analyze_bundle(b_path)
     ra, rb = A.report, B.report
     warnings: list[str] = []
     ca = ra.get("contract") or {}
     cb = rb.get("contract") or {}
-    cdiff = config_diff(
+    # how each side was captured comes first: a mode or window difference changes every
+    # figure below without any engine difference
+    capture_diff = config_diff(
+        {"capture.mode": ra.get("mode"), "capture.steps (N)": ra.get("steps_requested")},
+        {"capture.mode": rb.get("mode"), "capture.steps (N)": rb.get("steps_requested")},
+    )
+    cdiff = capture_diff + config_diff(
         {k: v for k, v in ca.items() if k != "profiled"}, {k: v for k, v in cb.items() if k != "profiled"}
     )
     if not ca or not cb:
         warnings.append("a contract is missing: configuration differences cannot be listed in full")
     for lab, r in (("A", ra), ("B", rb)):
         if not r["complete"]:
+            more = len(r["problems"]) - 3
             warnings.append(
-                f"{lab} is incomplete ({'; '.join(r['problems'][:3])}): what is missing there is "
+                f"{lab} is incomplete ({'; '.join(r['problems'][:3])}"
+                f"{f'; and {more} more' if more > 0 else ''}): what is missing there is "
                 "not a saving or a cost"
             )
     if ra.get("mode") != rb.get("mode"):
@@ -638,7 +738,7 @@ def compare_bundles(a_path: str, b_path: str, top: int = 20) -> dict[str, Any]:
         },
         "config_differences": cdiff,
         "same_configuration": not cdiff,
-        "config_note": _config_note(cdiff),
+        "config_note": _bundle_config_note(capture_diff, cdiff[len(capture_diff) :]),
         "profiled": True,
         "note": (
             "Both sides are profiled captures: these differences show where time moved, not a speed-up; "
@@ -658,19 +758,26 @@ def compare_bundles(a_path: str, b_path: str, top: int = 20) -> dict[str, Any]:
 # --------------------------------------------------------------------------- text
 
 
-def _f(v: Any, fmt: str = "{:.4g}") -> str:
-    if v is None or (isinstance(v, float) and not np.isfinite(v)):
-        return "n/a"
-    return fmt.format(v)
+_f = S.fmt
 
 
 def _config_lines(res: dict[str, Any]) -> list[str]:
+    """The configuration differences, values in full: a value too long for its column
+    is given its own lines rather than cut."""
     L = ["configuration differences (listed first):"]
     if not res["config_differences"]:
         L.append("  none — " + res["config_note"])
     else:
         for d in res["config_differences"]:
-            L.append(f"  {d['field'][:34]:<34} A: {str(d['a'])[:30]:<30}  B: {str(d['b'])[:30]}")
+            name, va, vb = d["field"], str(d["a"]), str(d["b"])
+            if len(name) <= 34 and len(va) <= 30 and len(vb) <= 40:
+                L.append(f"  {name:<34} A: {va:<30}  B: {vb}")
+            else:
+                L.append(f"  {name}")
+                for lab, v in (("A", va), ("B", vb)):
+                    wrapped = textwrap.wrap(v, 96, break_on_hyphens=False, break_long_words=False) or [""]
+                    L.append(f"    {lab}: {wrapped[0]}")
+                    L += [f"       {w}" for w in wrapped[1:]]
         L.append("  → " + res["config_note"])
     return L
 
@@ -691,34 +798,32 @@ def render_text(res: dict[str, Any]) -> str:
         L.append("")
         L.append(f"{'metric':<18} {'A':>10} {'B':>10} {'B-A':>10} {'rel':>8}  {'95% CI of B-A':<24} verdict")
         for m in res["metrics"]:
-            rel = _f(m["rel_diff"], "{:+.1%}")
-            ci = f"[{_f(m['ci95'][0])}, {_f(m['ci95'][1])}]" if m["ci95"][0] is not None else ""
+            ci = S.fmt_ci(*m["ci95"])
             name = m["metric"] + ("" if m["unit"] in ("fraction",) else f" {m['unit']}")
             L.append(
-                f"{name[:18]:<18} {_f(m['a']):>10} {_f(m['b']):>10} {_f(m['diff']):>10} {rel:>8}  {ci:<24} "
-                f"{m['verdict']}"
+                f"{elide(name, 18):<18} {S.fmt(m['a']):>10} {S.fmt(m['b']):>10} {S.fmt(m['diff']):>10} "
+                f"{S.fmt_rel(m['rel_diff']):>8}  {ci:<24} {m['verdict']}"
             )
         L.append("")
-        for s in res["summary"]:
-            L.append(s)
-        for m in res["metrics"]:
-            if (
-                m["verdict"] not in ("significant", "no data")
-                and m["reason"]
-                and m["key"] in ("step_ms.p99", "gap_ms.p99", "tokens_per_s")
-            ):
-                L.append(f"  {m['metric']}: {m['verdict']} — {m['reason']}")
+        L += res["summary"]
+        # every verdict short of significant says which condition it failed, with the numbers
+        why = [m for m in res["metrics"] if not m["significant"] and m["reason"]]
+        if why:
+            L.append("why not significant:")
+            for m in why:
+                said = m["reason"] if m["failed"] else f"{m['verdict']} — {m['reason']}"
+                L.append(f"  {m['metric']}: {said}")
         if res["stages_ms_mean"]:
             L.append("")
             L.append("mean stage time per step (ms)     A          B        B-A")
             for n, r in res["stages_ms_mean"].items():
-                L.append(f"  {n[:28]:<28} {_f(r['a']):>9} {_f(r['b']):>10} {_f(r['diff']):>10}")
+                L.append(f"  {elide(n, 28):<28} {_f(r['a']):>9} {_f(r['b']):>10} {_f(r['diff']):>10}")
         dr = res["drift"]
         for m in res["metrics"]:
             if "segment_spread" in m:
                 L.append(
                     f"drift check {m['metric']}: quarters of a recording differ by up to "
-                    f"{m['segment_spread']:.4g} {m['unit']} vs |B-A| {abs(m['diff']):.4g} → {m['verdict']}"
+                    f"{S.fmt(m['segment_spread'])} {m['unit']} vs |B-A| {S.fmt(abs(m['diff']))} → {m['verdict']}"
                 )
         if len(res["a"]["recordings"]) == 1:
             L.append(
@@ -748,7 +853,7 @@ def render_text(res: dict[str, Any]) -> str:
         if res["stages_ms_mean"]:
             L.append("mean stage ms per step            A          B        B-A")
             for n, r in res["stages_ms_mean"].items():
-                L.append(f"  {n[:28]:<28} {_f(r['a']):>9} {_f(r['b']):>10} {_f(r['diff']):>10}")
+                L.append(f"  {elide(n, 28):<28} {_f(r['a']):>9} {_f(r['b']):>10} {_f(r['diff']):>10}")
         for title, key in (("host operators", "host_ops"), ("device activities", "device_ops")):
             rows = res.get(key)
             if not rows:
@@ -759,7 +864,7 @@ def render_text(res: dict[str, Any]) -> str:
             for r in rows:
                 only = f"  (only in {r['only_in']})" if r["only_in"] else ""
                 L.append(
-                    f"  {r['name'][:32]:<32} {r['a_ms_per_step']:>10.4f} {r['b_ms_per_step']:>10.4f} "
+                    f"  {elide(r['name'], 32):<32} {r['a_ms_per_step']:>10.4f} {r['b_ms_per_step']:>10.4f} "
                     f"{r['diff_ms_per_step']:>+11.4f} {r['a_count_per_step']:>9.2f} {r['b_count_per_step']:>9.2f}{only}"
                 )
     for w in res["warnings"]:

@@ -23,6 +23,7 @@ import numpy as np
 
 from engine_adapters import traces as T
 from engine_adapters.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
+from rltperf_tui.elide import elide
 
 PROFILED_NOTE = (
     "These timings were taken with the profiler on: they are NOT a baseline. Use them to find "
@@ -571,7 +572,7 @@ def render_text(rep: dict[str, Any], max_steps: int = 24) -> str:
         names = list(rep["stage_ms"].keys())
         names = [n for n in names if n != "(outside stages)"]
         hdr = f"{'step':>8} {'kind':>8} {'step ms':>9} {'cycle ms':>9}" + "".join(
-            f" {n[:10]:>10}" for n in names
+            f" {elide(n, 10):>10}" for n in names
         )
         L.append("per step (from the trace; cycle = step + the gap before it, one ProfilerStep)")
         L.append(hdr)
@@ -593,7 +594,7 @@ def render_text(rep: dict[str, Any], max_steps: int = 24) -> str:
         L.append("stages    p50 ms    max ms   share of step time")
         for n, s in rep["stage_ms"].items():
             L.append(
-                f"  {n[:18]:<18} {_f(s['p50']):>8} {_f(s['max']):>8}   {_f(s['share_of_step'], '{:.1%}')}"
+                f"  {elide(n, 18):<18} {_f(s['p50']):>8} {_f(s['max']):>8}   {_f(s['share_of_step'], '{:.1%}')}"
             )
     ib = rep["idle_breakdown"]
     if ib:
@@ -619,23 +620,24 @@ def render_text(rep: dict[str, Any], max_steps: int = 24) -> str:
         L.append("top host operators by self time          count   self ms   self ms/step")
         for o in to["host"]:
             L.append(
-                f"  {o['name'][:40]:<40} {o['count']:>5} {o['self_ms']:>9.3f} {_f(o.get('self_ms_per_step'), '{:.4f}'):>13}"
+                f"  {elide(o['name'], 40):<40} {o['count']:>5} {o['self_ms']:>9.3f} {_f(o.get('self_ms_per_step'), '{:.4f}'):>13}"
             )
     L.append("")
     if to["device"]:
         L.append("top device activities by time             count   time ms   ms/step")
         for o in to["device"]:
             L.append(
-                f"  {o['name'][:40]:<40} {o['count']:>5} {o['self_ms']:>9.3f} {_f(o.get('self_ms_per_step'), '{:.4f}'):>9}"
+                f"  {elide(o['name'], 40):<40} {o['count']:>5} {o['self_ms']:>9.3f} {_f(o.get('self_ms_per_step'), '{:.4f}'):>9}"
             )
     elif to["device_note"]:
         L.append(f"device activities: none — {to['device_note']}")
     if rep.get("shapes"):
         L.append("")
-        L.append("by input shape (full capture)                                  count   self ms")
+        # the shapes go last on the line, whole: a cut shape list is a wrong shape
+        L.append("by input shape (full capture)  count   self ms   input shapes")
         for o in rep["shapes"][:10]:
             L.append(
-                f"  {o['name'][:28]:<28} {str(o.get('input_dims'))[:32]:<32} {o['count']:>5} {o['self_ms']:>9.3f}"
+                f"  {elide(o['name'], 28):<28} {o['count']:>5} {o['self_ms']:>9.3f}   {o.get('input_dims')}"
             )
     if rep.get("memory"):
         for m in rep["memory"]:

@@ -12,7 +12,10 @@ from operator import itemgetter
 from typing import cast
 
 import numpy as np
+from rich.cells import cell_len
 from textual.content import Content
+
+from rltperf_tui.elide import cut_at
 
 NA = "n/a"
 """How an unknown figure is shown."""
@@ -129,6 +132,33 @@ def spark(values: Sequence[float] | np.ndarray, top: float | None = None) -> str
 
 Row = tuple[tuple[str, str], ...]
 """One screen line: (text, style) parts."""
+
+
+def fit_row(row: Row, width: int) -> Row | None:
+    """``row`` cut to ``width`` cells at a word or element boundary, the cut marked with
+    ``…`` (see ``rltperf_tui.elide``): a number is shown whole or not at all.  The row
+    itself when it fits; None when it holds double-width characters (the caller crops
+    by cells instead)."""
+    plain = "".join(t for t, _ in row)
+    if cell_len(plain) != len(plain):
+        return None
+    if len(plain) <= width:
+        return row
+    n, tail = cut_at(plain, width)
+    out: list[tuple[str, str]] = []
+    left = n
+    mark_style = row[-1][1] if row else ""
+    for t, st in row:
+        if left <= 0:
+            break
+        out.append((t[:left], st))
+        if left <= len(t):
+            mark_style = st
+        left -= len(t)
+    if out and left == 0 and len(out) < len(row):
+        mark_style = row[len(out)][1]  # the cut falls at a part's start: the mark is that part's
+    out.append((tail, mark_style))
+    return tuple(out)
 
 
 class Lines:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+from rltperf_tui.elide import elide
 from rltperf_tui.widgets._fmt import Lines, bar, size
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
@@ -17,9 +20,15 @@ STATE_STYLE = {
 
 
 def _short_path(path: str, width: int) -> str:
+    """The path's end that fits, starting at a folder boundary (``…/20261129T…_ops_4steps``):
+    the bundle's own name is what tells captures apart, so it is kept whole when it fits."""
     if len(path) <= width:
         return path
-    return "…" + path[-(width - 1) :]
+    tail = path[-(width - 1) :]
+    k = tail.find("/")
+    if k >= 0:
+        return "…" + tail[k:]
+    return elide(os.path.basename(path), width)
 
 
 class CapturesPanel(Panel):

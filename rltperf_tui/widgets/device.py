@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine_adapters.figures import QUIET_AFTER_S
+from rltperf_tui.elide import elide
 from rltperf_tui.widgets._fmt import Lines, ms, pct, size
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
@@ -44,7 +45,7 @@ class DevicePanel(Panel):
             ln.add(f"{pct(nvml):>6} ", "bold").add("coarse: time any kernel ran", "$text-muted")
         ln.nl()
         for (_kind, index), d in gpus[:2]:
-            ln.add(f"gpu{index} ", "$text-muted").add(d.name[:24] + " ")
+            ln.add(f"gpu{index} ", "$text-muted").add(elide(d.name, 24) + " ")
             if d.dram_bw_util is not None:
                 ln.add("DRAM ", "$text-muted").add(pct(d.dram_bw_util) + " ")
             if d.mem_used is not None and d.mem_total:

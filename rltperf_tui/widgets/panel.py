@@ -17,7 +17,7 @@ from textual.strip import Strip
 from textual.style import Style as VisualStyle
 from textual.widget import Widget
 
-from rltperf_tui.widgets._fmt import Lines, Row
+from rltperf_tui.widgets._fmt import Lines, Row, fit_row
 
 if TYPE_CHECKING:
     from rltperf_tui.aggregator import TargetStats, Window
@@ -165,9 +165,12 @@ class Panel(Widget):
             return strip
         width = self.size.width
         row = self._lines[y] if y < len(self._lines) else (_WAITING if y == 0 and not self._lines else ())
+        fitted = fit_row(row, width)  # nowrap: cut at a word boundary, never inside a number
+        if fitted is not None:
+            row = fitted
         segs = [Segment(text, self._style(style)) for text, style in row]
         strip = Strip(segs)
-        if strip.cell_length > width:  # nowrap, ellipsis
+        if strip.cell_length > width:  # double-width text: crop by cells, ellipsis
             cut = strip.crop(0, max(0, width - 1))
             last = row[-1][1] if row else ""
             strip = Strip([*cut, Segment("…", self._style(last))])

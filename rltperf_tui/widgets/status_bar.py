@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from textual.content import Content
 from textual.widget import Widget
 
-from rltperf_tui.widgets._fmt import Lines
+from rltperf_tui.widgets._fmt import Lines, fit_row
 
 
 @dataclass
@@ -76,4 +76,11 @@ class StatusBar(Widget):
             ln.add("  ● REC", "bold $error")
             if i.recording > 1:
                 ln.add(f" x{i.recording}", "bold $error")
-        return ln.build()
+        # too long for the bar: cut at a word boundary with "…" (the CSS ellipsis, the
+        # fallback, would cut "+12,345 records" to "+12,3…")
+        row = ln.rows()[0] if ln.rows() else ()
+        width = self.content_size.width
+        fitted = fit_row(row, width) if width > 0 else None
+        if fitted is None:
+            return ln.build()
+        return Content.assemble(*((t, st) if st else t for t, st in fitted))

@@ -144,20 +144,32 @@ class StepTimeline(Panel):
             mean = float(vals.mean()) if vals.size else 0.0
             glyph, style = style_of(n)
             items.append((glyph, style, f"{n} {ms(mean)}"))
-        line_w = 0
-        rows_used = 1
+        # Items are whole or absent: one that does not fit starts the next row, and when
+        # no row is left a "…" says so (a cut item would show a wrong number).  On the
+        # last row, room for that mark is kept unless the item is the last one.
         ln.add("ms/step".rjust(AXIS_W - 1) + " ", "$text-muted")
         line_w = AXIS_W
-        for glyph, style, label in items:
-            need = len(label) + 3
-            if line_w + need - 2 > width:
-                if rows_used >= legend_rows:
-                    ln.add("…", "$text-muted")
+        rows_used = 1
+        more = "  …"
+        for k, (glyph, style, label) in enumerate(items):
+            item_w = 2 + len(label)  # glyph, space, label
+            sep = 2 if line_w > AXIS_W else 0
+            # the rest of the items all fit on this row: no mark needed
+            rest = sum(4 + len(x[2]) for x in items[k:]) - (0 if sep else 2)
+            reserve = 0 if line_w + rest <= width else len(more)
+            if line_w + sep + item_w + (reserve if rows_used >= legend_rows else 0) > width:
+                if rows_used >= legend_rows or line_w == AXIS_W:
+                    ln.add(more if line_w > AXIS_W else more.strip(), "$text-muted")
                     break
                 ln.nl()
                 rows_used += 1
                 ln.add(" " * AXIS_W)
-                line_w = AXIS_W
-            ln.add(glyph, style).add(" " + label + "  ")
-            line_w += need
+                line_w, sep = AXIS_W, 0
+                rest = sum(4 + len(x[2]) for x in items[k:]) - 2
+                reserve = 0 if line_w + rest <= width else len(more)
+                if line_w + item_w + (reserve if rows_used >= legend_rows else 0) > width:
+                    ln.add(more.strip(), "$text-muted")
+                    break
+            ln.add(" " * sep).add(glyph, style).add(" " + label)
+            line_w += sep + item_w
         return ln

@@ -46,7 +46,9 @@ def test_known_shift_is_significant_and_same_distribution_is_not() -> None:
     S.decide(diffs)
     assert diffs[0].significant and diffs[0].diff is not None and diffs[0].diff > 15
     assert diffs[0].ci_low is not None and diffs[0].ci_low > 10
-    assert not diffs[1].significant and diffs[1].verdict == "within noise"
+    assert not diffs[1].significant and "holm" in diffs[1].failed
+    assert diffs[1].verdict.startswith("not significant")
+    assert "not significant after Holm: p=" in diffs[1].reason
     assert not diffs[2].significant
 
 
@@ -56,7 +58,8 @@ def test_small_effect_below_smallest_effect_of_interest() -> None:
     b = a + 0.2  # a real 2 % shift with a tiny CI
     d = S.compare_stat("step P50", "ms", a, b, 50, rng, 300)
     S.decide([d], min_effect=0.05)
-    assert d.verdict == "within noise" and "smallest effect" in d.reason
+    assert d.verdict == "below min effect" and d.failed == ["min_effect"]
+    assert d.reason.startswith("below the smallest effect of interest (5% of A: ")
     d2 = S.compare_stat("step P50", "ms", a, b, 50, rng, 300)
     S.decide([d2], min_effect=0.01)
     assert d2.significant
@@ -105,3 +108,30 @@ def test_bench_capture_figures() -> None:
         assert m["slowdown"] > 0 and m["export_s"] > 0 and m["trace_bytes_per_step"] > 0
     # full records shapes, memory and stacks: more events per step than ops
     assert full["events_per_step"] > ops["events_per_step"]
+
+
+def test_reasons_name_each_failed_condition_with_its_numbers() -> None:
+    """Hand-set figures: a Holm-failed difference whose uncorrected interval excludes 0
+    says so (it once read "CI [1.873, 5.246] includes 0 or p=0.144"), and a difference
+    failing both conditions names both."""
+    d = S.Diff("TPOT P95", "ms", 10.0, 13.5, diff=3.5, rel=0.35, ci_low=1.873, ci_high=5.246, p=0.012)
+    others = [
+        S.Diff(f"m{i}", "ms", 10.0, 10.0, diff=0.0, rel=0.0, ci_low=-1, ci_high=1, p=0.9) for i in range(11)
+    ]
+    S.decide([d, *others])
+    assert d.p_holm == pytest.approx(0.144)  # 12 metrics x 0.012
+    assert d.failed == ["holm"] and d.verdict == "not significant after Holm"
+    assert d.reason == (
+        "not significant after Holm: p=0.144 ≥ 0.05 over 12 metrics (uncorrected p=0.012); the 95% CI "
+        "[1.873, 5.246] ms excludes 0 but is not corrected for comparing 12 metrics at once"
+    )
+    e = S.Diff(
+        "gap P50", "ms", 0.6085, 0.615, diff=0.0065, rel=0.0065 / 0.6085, ci_low=-0.005, ci_high=0.02, p=0.4
+    )
+    S.decide([e], min_effect=0.05)
+    assert e.failed == ["holm", "min_effect"] and e.verdict == "not significant, below min effect"
+    assert "includes 0" in e.reason
+    assert (
+        "below the smallest effect of interest (5% of A: 0.03043 ms): |B-A| is 0.0065 ms (+1.1% of A)"
+        in e.reason
+    )

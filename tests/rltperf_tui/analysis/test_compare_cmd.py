@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import threading
 import time
@@ -78,7 +79,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 str(d / f"snaps_{name}"),
                 *COMMON,
                 *configs[name],
-            ]
+            ],
+            timeout=180,  # three engines start at once on a shared machine
         )
 
     try:
@@ -108,12 +110,27 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         for t in th:
             t.join()
         print(f"[recorded {time.monotonic() - t0:.1f} s: {sorted(counts.values())} steps]", end=" ")
+        # a second round of B, recorded after the first: rounds are separate recordings
+        # (one file given twice is refused)
+        paths["b2"] = d / "b2.rltrec"
+        counts = {str(paths["b2"]): 0}
+        stop = threading.Event()
+        t = threading.Thread(target=_record, args=(engines["b"].target, paths["b2"], counts, stop))
+        t.start()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30 and (
+            time.monotonic() - t0 < MIN_RECORD_S or min(counts.values()) < MIN_STEPS
+        ):
+            time.sleep(0.1)
+        stop.set()
+        t.join()
         from test_report_cmd import capture
 
         bundles = [
             capture(engines["a"].target, 4, "ops"),
             capture(engines["a"].target, 4, "ops"),
             capture(engines["b"].target, 4, "full"),
+            capture(engines["a"].target, 6, "full"),  # A's engine in the other mode and window
         ]
         yield {"rec": {n: str(p) for n, p in paths.items()}, "bundles": bundles}
     finally:
@@ -154,12 +171,18 @@ def test_compare_same_configuration_finds_nothing(runs: dict[str, Any]) -> None:
     assert res["significant"] == [], [m for m in res["metrics"] if m["significant"]]
     assert res["summary"][0].startswith("No significant difference")
     gap99 = _metric(res, "gap_ms.p99")
-    assert gap99["verdict"] in ("within noise", "not established (drift)")
+    assert not gap99["significant"] and gap99["failed"], gap99
+    assert gap99["verdict"] in (
+        "not significant after Holm",
+        "below min effect",
+        "not significant, below min effect",
+        "not established (drift)",
+    )
 
 
 def test_compare_rounds_and_refusals(runs: dict[str, Any], tmp_path: Path) -> None:
     r = runs["rec"]
-    rc, out, err = cli("compare", r["a"], r["b"], r["a2"], r["b"], "--json")
+    rc, out, err = cli("compare", r["a"], r["b"], r["a2"], r["b2"], "--json")
     assert rc == 0, err
     res = json.loads(out)
     assert res["drift"]["rounds"]["n"] == 2
@@ -180,7 +203,7 @@ def test_compare_rounds_and_refusals(runs: dict[str, Any], tmp_path: Path) -> No
 
 
 def test_compare_bundles(runs: dict[str, Any]) -> None:
-    a1, a2, bfull = runs["bundles"]
+    a1, a2, bfull, _ = runs["bundles"]
     rc, out, err = cli("compare", a1, a2, "--json")
     assert rc == 0, err
     res = json.loads(out)
@@ -215,3 +238,209 @@ def test_compare_png(runs: dict[str, Any], tmp_path: Path) -> None:
     for n in names:
         w, h = _png(tmp_path / n)
         assert w > 300 and h > 200 and (tmp_path / n).stat().st_size > 10_000
+
+
+# --------------------------------------------------------------------------- issue 14: say exactly what was found
+
+NUM = r"-?\d+(?:\.\d+)?(?:e[+-]?\d+)?"
+ROW = re.compile(
+    rf"^(?P<name>.{{18}}) +(?P<a>\S+) +(?P<b>\S+) +(?P<diff>\S+) +(?P<rel>\S+)  "
+    rf"(?:\[(?P<lo>{NUM}), (?P<hi>{NUM})\])? +(?P<verdict>[a-z].*)$"
+)
+
+
+def _table(text: str) -> dict[str, dict[str, str]]:
+    """The metrics table as printed: metric name -> its cells."""
+    rows = {}
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("metric "))
+    for ln in lines[start + 1 :]:
+        if not ln.strip():
+            break
+        m = ROW.match(ln)
+        assert m, ln
+        name = m["name"].strip().removesuffix(" ms").removesuffix(" tok/s")
+        rows[name] = m.groupdict()
+    return rows
+
+
+def _why(text: str) -> dict[str, str]:
+    """The "why not significant" lines: metric -> reason."""
+    lines = text.splitlines()
+    i = lines.index("why not significant:")
+    out = {}
+    for ln in lines[i + 1 :]:
+        if not ln.startswith("  "):
+            break
+        name, _, reason = ln.strip().partition(": ")
+        out[name] = reason
+    return out
+
+
+def test_reasons_match_the_printed_interval_after_holm(runs: dict[str, Any]) -> None:
+    """A Holm-failed metric whose interval excludes 0 says so (it once read 'CI [19.57,
+    19.82] includes 0 or p=…'); every metric short of significant says why."""
+    r = runs["rec"]
+    # alpha 0.001 cannot be reached by 13 metrics with 1000 resamples (the smallest
+    # bootstrap p is 2/1001, 0.026 after Holm): every tested metric fails Holm, the
+    # injected stall's gap P95/P99 among them, with intervals far from 0
+    rc, text, err = cli("compare", r["a"], r["b"], "--alpha", "0.001")
+    assert rc == 0, err
+    table, why = _table(text), _why(text)
+    tested = {k: v for k, v in table.items() if v["lo"] is not None}
+    assert len(tested) >= 10
+    excluding = 0
+    for name, row in tested.items():
+        assert row["verdict"] in ("not significant after Holm", "not significant, below min effect"), row
+        reason = why[name]  # every one of them is explained
+        assert reason.startswith("not significant after Holm: p="), reason
+        p_holm = float(re.search(rf"p=({NUM}) ≥ 0\.001", reason)[1])  # type: ignore[index]
+        assert p_holm >= 0.001
+        lo, hi = float(row["lo"]), float(row["hi"])
+        ci = f"[{row['lo']}, {row['hi']}]"
+        assert ci in reason, (ci, reason)  # the same interval, printed the same way
+        if lo <= 0 <= hi:
+            assert f"CI {ci}" in reason and "includes 0" in reason and "excludes 0" not in reason
+        else:
+            excluding += 1
+            assert "excludes 0" in reason and "includes 0" not in reason, reason
+    assert excluding >= 2  # the stall's gap P95 and P99 at least
+
+
+def test_reasons_name_the_smallest_effect_of_interest(runs: dict[str, Any]) -> None:
+    """A difference below the smallest effect of interest says that, with the effect's
+    size, not "within noise"."""
+    r = runs["rec"]
+    rc, out, err = cli("compare", r["a"], r["b"], "--min-effect", "50", "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    rc, text, err = cli("compare", r["a"], r["b"], "--min-effect", "50")
+    table, why = _table(text), _why(text)
+    gap = _metric(res, "gap_ms.p99")
+    assert gap["p_holm"] < 0.05 and gap["failed"] == ["min_effect"]  # real, but below 5000 % of A
+    assert table["step gap P99"]["verdict"] == "below min effect"
+    reason = why["step gap P99"]
+    need = 50 * gap["a"]
+    assert reason.startswith("below the smallest effect of interest (5000% of A: ")
+    assert f"5000% of A: {float(reason.split('5000% of A: ')[1].split(' ms')[0]):.4g}" in reason
+    assert float(reason.split("5000% of A: ")[1].split(" ms")[0]) == pytest.approx(need, rel=1e-3)
+    # |B-A| and its share of A in the sentence are the table's cells, character for character
+    row = table["step gap P99"]
+    assert f"|B-A| is {row['diff'].lstrip('-')} ms ({row['rel']} of A)" in reason
+    for m in res["metrics"]:
+        assert "within noise" not in m["verdict"] and "within noise" not in m["reason"]
+
+
+def test_summary_and_table_print_each_number_once_and_alike(runs: dict[str, Any]) -> None:
+    """The sentence under the table prints B-A, its share of A and the interval exactly as
+    the table does (the table once read +90.2 % and the sentence +90.3 %)."""
+    r = runs["rec"]
+    rc, text, err = cli("compare", r["a"], r["b"])
+    assert rc == 0, err
+    table = _table(text)
+    said = re.findall(
+        rf"^(.+?): B is ({NUM}) \S+ (higher|lower) than A \(([+-]\S+%) of A; 95% CI \[({NUM}), ({NUM})\]\)",
+        text,
+        re.M,
+    )
+    assert said, text
+    for name, diff, direction, rel, lo, hi in said:
+        row = table[name]
+        assert row["verdict"] == "significant"
+        assert diff == row["diff"].lstrip("-") and rel == row["rel"]
+        assert (lo, hi) == (row["lo"], row["hi"])
+        assert (direction == "higher") == (not row["diff"].startswith("-"))
+
+
+def test_one_figure_one_formatting_rel_diff() -> None:
+    """The table and the sentences format one rounded figure through one function (a
+    relative difference of 0.902549 printed +90.2 % in the table, from the JSON rounded
+    to 4 decimals, and +90.3 % in the sentence, from the raw number)."""
+    from rltperf_tui.analysis import compare as C
+    from rltperf_tui.analysis import stats as S
+
+    d = S.Diff("x P50", "ms", 1.0, 1.902549, diff=0.902549, rel=0.902549, ci_low=0.8, ci_high=1.0, p=0.001)
+    d.extra["key"] = "x.p50"
+    S.decide([d])
+    m = d.as_dict()
+    (sentence,) = C._summary([m])
+    assert f"({S.fmt_rel(m['rel_diff'])} of A;" in sentence
+    assert S.fmt_rel(m["rel_diff"]) == "+90.3%"
+
+
+def test_repeated_input_is_refused(runs: dict[str, Any], tmp_path: Path) -> None:
+    """One file given twice (same path, a hard link, or a copy) is refused with one
+    sentence and exit 2: it would pass as two independent rounds."""
+    import shutil
+
+    r = runs["rec"]
+    rc, out, err = cli("compare", r["a"], r["b"], r["a2"], r["b"])
+    assert rc == 2 and out == ""
+    assert err.strip() == (
+        f"rltperf compare: error: input 4 ({r['b']}) is input 2 ({r['b']}) again: each input must be its own "
+        "recording or bundle, so one file cannot count as two rounds or as both A and B"
+    )
+    assert err.strip().count(". ") == 0 and len(err.strip().splitlines()) == 1
+    copy = tmp_path / "b-copy.rltrec"
+    shutil.copyfile(r["b"], copy)
+    rc, out, err = cli("compare", r["a"], r["b"], r["a2"], str(copy))
+    assert rc == 2 and f"input 4 ({copy}) has the same content as input 2 ({r['b']})" in err
+    link = tmp_path / "a-link.rltrec"
+    os.link(r["a"], link)
+    rc, out, err = cli("compare", r["a"], str(link))
+    assert rc == 2 and "is input 1" in err
+    rc, out, err = cli("compare", r["a"], r["a"])
+    assert rc == 2 and "is input 1" in err
+    bcopy = tmp_path / "bundle-copy"
+    shutil.copytree(runs["bundles"][0], bcopy)
+    rc, out, err = cli("compare", runs["bundles"][0], str(bcopy))
+    assert rc == 2 and "has the same content as input 1" in err
+    # a missing file is still "cannot be read" (1), not a repetition
+    rc, out, err = cli("compare", r["a"], r["b"], r["a2"], str(copy) + "-none")
+    assert rc == 1 and "does not exist" in err
+
+
+def test_bundles_in_other_modes_list_mode_and_n_first(runs: dict[str, Any]) -> None:
+    """Two captures of one engine in ops (4 steps) and full (6 steps) mode: the capture
+    mode and N are configuration differences, listed first (they once read "none — A and
+    B report the same configuration")."""
+    a1, _, _, afull = runs["bundles"]
+    rc, out, err = cli("compare", a1, afull, "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    fields = [d["field"] for d in res["config_differences"]]
+    assert fields[:2] == ["capture.mode", "capture.steps (N)"], fields
+    assert res["config_differences"][:2] == [
+        {"field": "capture.mode", "a": "ops", "b": "full"},
+        {"field": "capture.steps (N)", "a": 4, "b": 6},
+    ]
+    assert res["same_configuration"] is False
+    rc, text, err = cli("compare", a1, afull)
+    lines = text.splitlines()
+    i = lines.index("configuration differences (listed first):")
+    assert re.match(r"  capture\.mode +A: ops +B: full$", lines[i + 1])
+    assert re.match(r"  capture\.steps \(N\) +A: 4 +B: 6$", lines[i + 2])
+    assert "none — " not in text and "report the same configuration" not in text
+    assert "captured differently" in text and "the engine configuration is the same" in text
+    # every contract field that differs is listed too (here: none but the capture)
+    assert len(fields) == 2 or all(f in ("commit", "diff_sha256") for f in fields[2:])
+
+
+def test_config_values_are_never_cut(runs: dict[str, Any]) -> None:
+    """Long configuration values (the reference engine's contract: '30 ms host stall in
+    the schedule stage every 150 steps') print whole, wrapped, never cut mid-word."""
+    demo = str(Path(__file__).resolve().parents[2] / "ui" / "data" / "demo.rltrec")
+    rc, out, err = cli("compare", demo, runs["rec"]["a"], "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    rc, text, err = cli("compare", demo, runs["rec"]["a"])
+    block = text[text.index("configuration differences") : text.index("\nmetric ")]
+    flat = " ".join(block.split())
+    long_values = 0
+    for d in res["config_differences"]:
+        for v in (d["a"], d["b"]):
+            s = " ".join(str(v).split())
+            assert s in flat, s
+            long_values += len(s) > 30
+    assert long_values >= 5
+    assert "30 ms host stall in the schedule stage every 150 steps" in flat

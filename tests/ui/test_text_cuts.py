@@ -1,0 +1,68 @@
+"""Text cut to fit a panel is cut at a word or element boundary and marked with "…":
+never inside a number (the step-timeline legend once showed "forward 0.3…" and
+"exit_check 1.…").  Over the fixed recording of the reference engine, at both
+snapshot sizes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rltperf_tui.app import MonitorApp
+from rltperf_tui.widgets.panel import Panel
+from rltperf_tui.widgets.step_timeline import StepTimeline
+from tests.ui._uihelpers import replay_finished, replay_spec, sync
+
+CUT_NUMBER = re.compile(r"[\d.]…")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+@sync
+async def test_no_panel_line_cuts_a_number(size: tuple[int, int]) -> None:
+    app = MonitorApp([replay_spec()])
+    async with app.run_test(size=size) as pilot:
+        await replay_finished(pilot)
+        shown: list[str] = []
+        cut = 0
+        for panel in app.query(Panel):
+            for y in range(panel.size.height):
+                line = panel.render_line(y).text
+                shown.append(line)
+                assert len(line.rstrip()) <= panel.size.width, (type(panel).__name__, line)
+                assert not CUT_NUMBER.search(line), (type(panel).__name__, line)
+                cut += "…" in line
+        assert cut, "nothing was cut at this size: the test would prove nothing"
+        # the legend's items are whole: each "name number" pair a stage really has
+        tl = app.query_one(StepTimeline)
+        legend = [tl.render_line(y).text for y in range(tl.size.height)]
+        legend = [ln for ln in legend if "ms/step" in ln or ln.startswith(" " * 9 + "█")]
+        items = re.findall(r"█ (\w+) ([\d.]+)(?=  |$| *…|\s*$)", "\n".join(legend))
+        assert items, legend
+        full = tl.render_text()
+        for name, value in items:
+            assert f"{name} {value}" in full
+
+
+@sync
+async def test_status_bar_never_cuts_a_number() -> None:
+    """The always-visible status bar, display paused with records arriving, at every
+    other width from 60 to 110: a cut is at a word boundary ("+12,3…" was possible)."""
+    from rltperf_tui.widgets.status_bar import StatusBar
+
+    app = MonitorApp([replay_spec(speed=1.0)])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(1.0)
+        await pilot.press("space")
+        await pilot.pause(1.0)
+        sb = app.query_one(StatusBar)
+        assert sb.info.paused and sb.info.paused_records > 0
+        cuts = 0
+        for w in range(60, 111, 2):
+            await pilot.resize_terminal(w, 24)
+            await pilot.pause(0.05)
+            app.force_render()
+            line = sb.render_line(0).text.rstrip()
+            assert not re.search(r"[\d.,]…", line), (w, line)
+            cuts += line.endswith("…")
+        assert cuts, "the bar never overflowed: the test proves nothing"
