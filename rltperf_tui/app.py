@@ -277,19 +277,20 @@ class MonitorApp(App[int]):
     # -- ingest (worker thread) ---------------------------------------------------------------
 
     def _connect(self, h: TargetHandle) -> Session | None:
-        """Open the target's session in the worker; on failure post why and maybe retry."""
+        """Open the target's session in the worker; on failure post why and maybe retry.
+
+        A target that retries gets a session that connects in its own thread: a
+        connection attempt against a hung server may take seconds, and a quitting app
+        must not wait for it (Textual waits for every thread worker on exit)."""
         try:
             if h.adapter is None:
                 h.adapter = adapter_for(h.target, **self.adapter_options)
-            return h.adapter.connect()
-        except AdapterError as exc:
             retry = getattr(h.adapter, "session", None)
-            if self.wait and h.adapter is not None and h.adapter.SUPPORTS_RECONNECT and callable(retry):
-                self.post_message(
-                    RecordsBatch(h.index, [SessionEvent(state="reconnecting", detail=str(exc))])
-                )
+            if self.wait and h.adapter.SUPPORTS_RECONNECT and callable(retry):
                 s: Session = retry()
                 return s
+            return h.adapter.connect()
+        except AdapterError as exc:
             self.post_message(RecordsBatch(h.index, [SessionEvent(state="error", detail=str(exc))]))
             return None
 
@@ -632,7 +633,13 @@ class MonitorApp(App[int]):
         self.push_screen(HelpScreen())
 
     async def action_quit(self) -> None:
-        """Stop recordings and leave."""
+        """Stop recordings, close every session and leave.
+
+        Everything on this path is bounded (``close_all``): the ingest workers end
+        within one short read, sessions close without waiting on their servers.  The
+        sessions close here, before Textual's shutdown, so that shutdown finds the
+        workers already ending and no poller is still using the CPU."""
+        self.close_all()
         self.exit(0)
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
@@ -679,7 +686,8 @@ class MonitorApp(App[int]):
         self.close_all()
 
     def close_all(self) -> None:
-        """Stop recordings, cancel workers and close sessions (idempotent)."""
+        """Stop recordings, cancel workers and close sessions (idempotent; never waits
+        on a target: each session's ``close()`` is bounded)."""
         for h in self.handles:
             with h.rec_lock:
                 w, h.recorder = h.recorder, None

@@ -69,6 +69,8 @@ BACKOFF_S = (0.5, 1.0, 2.0, 3.0)
 SLOW_POLLS_BEFORE_LOST = 3
 """Consecutive /metrics timeouts before the server counts as lost (one slow answer does not)."""
 QUEUE_MAX = 4096
+CLOSE_WAIT_S = 0.2
+"""Longest ``close()`` waits for a capture thread, and for sending its ``/stop_profile``."""
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0")
 
 
@@ -136,6 +138,7 @@ class VllmSession(Session):
         self._capture: HttpCapture | None = None
         self._thread: threading.Thread | None = None
         self._slow = 0
+        self._last_error = ""
         self.polls = 0
         self.poll_errors = 0
         self.last_poll_s = 0.0
@@ -155,6 +158,16 @@ class VllmSession(Session):
         assert self.hello is not None
         self._post(self.hello)
         self._prev = first
+        self._state = "connected"
+        self._start_thread()
+
+    def open_in_background(self) -> None:
+        """Start the polling thread without a first connection: it connects (and retries,
+        saying why in a ``SessionEvent``) by itself, so the caller never waits on the network."""
+        self._state = "reconnecting"
+        self._start_thread()
+
+    def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._poll_loop, name="rltperf-vllm-poll", daemon=True)
         self._thread.start()
 
@@ -242,7 +255,8 @@ class VllmSession(Session):
                 self._dropped += 1
 
     def _poll_loop(self) -> None:
-        nxt = time.monotonic() + self.interval
+        # a session opened in the background connects at once
+        nxt = time.monotonic() + (0.0 if self._state == "reconnecting" else self.interval)
         attempt = 0
         while not self._stop.is_set():
             delay = nxt - time.monotonic()
@@ -316,8 +330,13 @@ class VllmSession(Session):
     def _try_reconnect(self) -> bool:
         try:
             first = self._connect_once()
-        except ServerUnreachable:
+        except ServerUnreachable as exc:
+            why = str(exc)
+            if why != self._last_error and not self._stop.is_set():
+                self._last_error = why
+                self._post(SessionEvent(state="reconnecting", detail=why, ts_ns=_clk()))
             return False
+        self._last_error = ""
         self._prev = first
         self._mfu = MfuState()
         self._state = "connected"
@@ -420,15 +439,22 @@ class VllmSession(Session):
         return cid
 
     def close(self) -> None:
-        """Stop polling; a capture in flight still sends /stop_profile (waited for briefly)."""
+        """Stop polling and cancel a capture in flight, waiting at most ``CLOSE_WAIT_S``.
+
+        Nothing here waits on the server: a scrape in flight ends on its own (daemon
+        thread).  A capture that started the profiler and has not had its
+        ``/stop_profile`` answered gets one sent without waiting for the answer (the
+        server stops and exports on its own time; without the stop it would refuse the
+        next capture with 409).  A stop the capture thread already sent makes this one
+        a harmless repeat."""
         self._stop.set()
         cap = self._capture
         if cap is not None:
             cap.cancel.set()
-            cap.join(10.0)
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(2.0)  # a scrape in flight finishes on its own (daemon thread)
+            cap.join(CLOSE_WAIT_S)
+            job = cap.job
+            if cap.is_alive() and job.started_ns is not None and not job.stop_sent:
+                self.http.send_nowait("POST", "/stop_profile", timeout=CLOSE_WAIT_S)
         self._ended = True
 
     @property
@@ -481,6 +507,13 @@ class VllmAdapter(Adapter):
     def connect(self) -> VllmSession:
         s = VllmSession(self)
         s.open()
+        return s
+
+    def session(self) -> VllmSession:
+        """A session that connects in its own thread and retries until the server
+        answers (``read()`` reports why it is not connected yet)."""
+        s = VllmSession(self)
+        s.open_in_background()
         return s
 
 
