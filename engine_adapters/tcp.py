@@ -107,7 +107,9 @@ class ProbeSession(Session):
         """Connect and read the hello; raises ``AdapterConnectionError``."""
         return self._adopt(*self._handshake())
 
-    def _adopt(self, sock: socket.socket, reader: FrameReader, hello: Hello, first: list[Record]) -> list[Record]:
+    def _adopt(
+        self, sock: socket.socket, reader: FrameReader, hello: Hello, first: list[Record]
+    ) -> list[Record]:
         """Make a finished handshake this session's connection."""
         if self._closed:  # closed while a background attempt was under way
             sock.close()

@@ -56,11 +56,13 @@ from engine_adapters.vllm.http import HttpClient, ServerUnreachable
 from engine_adapters.vllm.info import build_info, loop_count_from, read_model_config
 from engine_adapters.vllm.metrics import (
     CACHE_INFO,
+    LmHead,
     MfuState,
     Scrape,
     ScrapeError,
     counters_went_back,
     derive,
+    lm_head_from,
     parse_scrape,
 )
 
@@ -127,6 +129,8 @@ class VllmSession(Session):
         self.loop_known = adapter.loop_count is not None
         self.adapter_loop_given = adapter.loop_count is not None
         self.last_sample: MetricsSample | None = None
+        self.head: LmHead | None = None
+        """The model's LM head (from a local config.json), for the looped-model correction."""
         self._q: queue.Queue[Record] = queue.Queue(QUEUE_MAX)
         self._dropped = 0
         self._stop = threading.Event()
@@ -195,6 +199,7 @@ class VllmSession(Session):
         root = models[0].get("root") if models else None
         local = self.http.host in _LOOPBACK
         config = read_model_config(root) if local else None
+        self.head = lm_head_from(config)
         loop_source = "given to rltperf"
         if self.loop_count is None or not self.adapter_loop_given:
             found = loop_count_from(config)
@@ -312,7 +317,7 @@ class VllmSession(Session):
             except ServerUnreachable as exc:
                 self._lost(str(exc))
             return
-        sample = derive(prev, cur, self._mfu, float(self.loop_count or 1), self.loop_known)
+        sample = derive(prev, cur, self._mfu, float(self.loop_count or 1), self.loop_known, head=self.head)
         self.last_sample = sample
         self._post(sample)
 

@@ -95,7 +95,9 @@ def test_q_quits_within_a_second_with_hung_and_reconnecting_targets() -> None:
     pid, fd = pty.fork()
     if pid == 0:  # the child: the real command line, as a person types it
         os.chdir(ROOT)
-        os.execve(sys.executable, [sys.executable, "-m", "rltperf_tui.cli", "attach", "--wait", *targets], env)
+        os.execve(
+            sys.executable, [sys.executable, "-m", "rltperf_tui.cli", "attach", "--wait", *targets], env
+        )
     out: list[bytes] = []
     try:
         deadline = time.monotonic() + 60
