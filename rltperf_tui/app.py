@@ -124,15 +124,31 @@ class TargetHandle:
         return self.adapter is not None and bool(self.adapter.SUPPORTS_CAPTURE)
 
     def replay_text(self) -> str | None:
-        """``x1 ▶`` / ``x2 ❚❚`` for a replay, None for a live target."""
+        """``replay 00:12.3 / 01:05.0 · 2× ▶`` (position / length in the recording's own
+        time, speed, playing/paused/ended) for a replay, None for a live target."""
         s = self.session
         if s is None or not hasattr(s, "set_speed"):
             return None
         speed = float(getattr(s, "speed", 1.0))
-        sp = "as fast as read" if speed == 0 else f"x{speed:g}"
+        sp = "as fast as read" if speed == 0 else f"{speed:g}×"
+        where = ""
+        elapsed = getattr(s, "elapsed_ns", None)
+        if callable(elapsed):
+            length = getattr(s, "length_ns", None)
+            total = _clock(length) if length is not None else "…"
+            where = f"{_clock(elapsed())} / {total} · "
         if s.ended:
-            return f"replay {sp}, ended"
-        return f"replay {sp} " + ("❚❚ paused" if getattr(s, "paused", False) else "▶")
+            return f"replay {where}{sp}, ended"
+        return f"replay {where}{sp} " + ("❚❚ paused" if getattr(s, "paused", False) else "▶")
+
+
+def _clock(ns: int) -> str:
+    """``01:05.0`` (``1:02:03.4`` from an hour on): a position in a recording."""
+    tenths = max(0, int(ns // 100_000_000))
+    s, t = divmod(tenths, 10)
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}:{m:02d}:{sec:02d}.{t}" if h else f"{m:02d}:{sec:02d}.{t}"
 
 
 class RecordsBatch(Message):
