@@ -55,7 +55,47 @@ class ReplaySession(Session):
         self._t0_wall = 0.0
         self._pause_wall: float | None = None
         self.position_ns: int | None = None
+        self.start_ns: int | None = None
+        """Data time where the recording starts (its earliest timed record)."""
+        self.length_ns: int | None = None
+        """Data time the recording spans; None until the background scan has read it."""
+        self._lo_ns: int | None = None
+        self._hi_ns: int | None = None
         self._sent_open = False
+        threading.Thread(target=self._measure, name="rltperf-replay-length", daemon=True).start()
+
+    def _measure(self) -> None:
+        """Read the recording once on the side for its span (files have no index): a
+        daemon thread, so a long file never delays the replay or quitting."""
+        lo = hi = None
+        try:
+            with RecordingReader(self.path) as reader:
+                for rec in reader.records():
+                    t = record_time(rec)
+                    if t is None:
+                        continue
+                    if lo is None or t < lo:
+                        lo = t
+                    if hi is None or t > hi:
+                        hi = t
+        except (RecordingError, OSError):
+            return
+        if lo is not None and hi is not None:
+            self.start_ns = lo
+            self.length_ns = hi - lo
+        else:
+            self.length_ns = 0
+
+    def elapsed_ns(self) -> int:
+        """How far into the recording the replay is (data time since its start)."""
+        if self.position_ns is None or self.start_ns is None:
+            return 0
+        if self._ended and self.length_ns is not None:
+            return self.length_ns
+        pos = self.position_ns - self.start_ns
+        if self.length_ns is not None:
+            pos = min(pos, self.length_ns)
+        return max(0, pos)
 
     # -- controls --------------------------------------------------------------------------
 
@@ -128,6 +168,8 @@ class ReplaySession(Session):
                     self._restart()
                     continue
                 self._ended = True
+                if self._lo_ns is not None and self._hi_ns is not None:  # read it all: the span is known
+                    self.start_ns, self.length_ns = self._lo_ns, self._hi_ns - self._lo_ns
                 detail = "end of recording"
                 if self._reader.warning:
                     detail += f" (damaged: {self._reader.warning})"
@@ -156,6 +198,10 @@ class ReplaySession(Session):
                 self.info = rec.engine
             if t is not None:
                 self.position_ns = t
+                if self.start_ns is None:
+                    self.start_ns = t
+                self._lo_ns = t if self._lo_ns is None else min(self._lo_ns, t)
+                self._hi_ns = t if self._hi_ns is None else max(self._hi_ns, t)
             out.append(rec)
         return out
 

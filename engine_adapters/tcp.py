@@ -32,10 +32,37 @@ from engine_adapters.wire import FrameError, FrameReader, encode, parse_hostport
 CONNECT_TIMEOUT_S = 3.0
 HELLO_TIMEOUT_S = 5.0
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 3.0)
+SEND_TIMEOUT_S = 1.0
+"""Longest wait to hand a capture request to the socket."""
 
 
 def _clk() -> int:
     return time.perf_counter_ns()
+
+
+class _Attempt(threading.Thread):
+    """One background connection attempt of a reconnecting ``ProbeSession``."""
+
+    def __init__(self, session: ProbeSession) -> None:
+        super().__init__(name=f"rltperf-connect-{session.host}:{session.port}", daemon=True)
+        self.session = session
+        self.done = threading.Event()
+        self.result: tuple[socket.socket, FrameReader, Hello, list[Record]] | None = None
+        self.error = ""
+
+    def run(self) -> None:
+        try:
+            self.result = self.session._handshake()
+        except AdapterConnectionError as exc:
+            self.error = str(exc)
+        except Exception as exc:  # a bug guard: the session keeps retrying with a sentence
+            self.error = f"connection attempt failed: {type(exc).__name__}: {exc}"
+        finally:
+            if self.result is not None and self.session._closed:
+                self.result[0].close()
+                self.result = None
+                self.error = "session closed"
+            self.done.set()
 
 
 class ProbeSession(Session):
@@ -61,6 +88,7 @@ class ProbeSession(Session):
         self._next_try = 0.0
         self._state = "connecting"
         self._pending: list[Record] = []
+        self._attempt_thread: _Attempt | None = None
         self.last_error = ""
 
     # -- connection ----------------------------------------------------------------------------
@@ -77,6 +105,32 @@ class ProbeSession(Session):
 
     def open(self) -> list[Record]:
         """Connect and read the hello; raises ``AdapterConnectionError``."""
+        return self._adopt(*self._handshake())
+
+    def _adopt(
+        self, sock: socket.socket, reader: FrameReader, hello: Hello, first: list[Record]
+    ) -> list[Record]:
+        """Make a finished handshake this session's connection."""
+        if self._closed:  # closed while a background attempt was under way
+            sock.close()
+            return []
+        sock.settimeout(None)
+        sock.setblocking(False)
+        self._sock = sock
+        self._reader = reader
+        self.hello = hello
+        self.info = hello.engine
+        self._attempt = 0
+        self._state = "connected"
+        self._ended = False
+        return [
+            SessionEvent(state="connected", detail=f"connected to {self.host}:{self.port}", ts_ns=_clk()),
+            *first,
+        ]
+
+    def _handshake(self) -> tuple[socket.socket, FrameReader, Hello, list[Record]]:
+        """Connect and read the hello without touching the session's state (so it can
+        run in a background thread); raises ``AdapterConnectionError``."""
         try:
             sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT_S)
         except OSError as exc:
@@ -118,23 +172,7 @@ class ProbeSession(Session):
                                 f"the probe speaks schema {rec.schema}, this monitor {SCHEMA_VERSION}: "
                                 "upgrade the older side"
                             )
-                        sock.settimeout(None)
-                        sock.setblocking(False)
-                        self._sock = sock
-                        self._reader = reader
-                        self.hello = rec
-                        self.info = rec.engine
-                        self._attempt = 0
-                        self._state = "connected"
-                        self._ended = False
-                        return [
-                            SessionEvent(
-                                state="connected",
-                                detail=f"connected to {self.host}:{self.port}",
-                                ts_ns=_clk(),
-                            ),
-                            *first[i:],
-                        ]
+                        return sock, reader, rec, first[i:]
         except AdapterConnectionError:
             sock.close()
             raise
@@ -170,19 +208,7 @@ class ProbeSession(Session):
             return []
         sock = self._sock
         if sock is None:
-            now = time.monotonic()
-            if now < self._next_try:
-                time.sleep(min(timeout, self._next_try - now))
-                return []
-            try:
-                return self.open()
-            except AdapterConnectionError as exc:
-                self._attempt += 1
-                self._next_try = time.monotonic() + BACKOFF_S[min(self._attempt, len(BACKOFF_S) - 1)]
-                if str(exc) != self.last_error:
-                    self.last_error = str(exc)
-                    return [SessionEvent(state="reconnecting", detail=str(exc), ts_ns=_clk())]
-                return []
+            return self._read_reconnecting(timeout)
         try:
             r, _, _ = select.select([sock], [], [], timeout)
         except (OSError, ValueError):
@@ -211,6 +237,33 @@ class ProbeSession(Session):
                 break
         return out
 
+    def _read_reconnecting(self, timeout: float) -> list[Record]:
+        """One bounded step of reconnecting.  The attempt (connect and hello: up to
+        ``CONNECT_TIMEOUT_S + HELLO_TIMEOUT_S`` against a hung peer) runs in a daemon
+        thread, so ``read`` never blocks longer than ``timeout`` and a closing monitor
+        never waits for it."""
+        attempt = self._attempt_thread
+        if attempt is None:
+            now = time.monotonic()
+            if now < self._next_try:
+                time.sleep(min(timeout, self._next_try - now))
+                return []
+            attempt = _Attempt(self)
+            self._attempt_thread = attempt
+            attempt.start()
+        if not attempt.done.wait(timeout):
+            return []
+        self._attempt_thread = None
+        if attempt.result is not None:
+            return self._adopt(*attempt.result)
+        self._attempt += 1
+        self._next_try = time.monotonic() + BACKOFF_S[min(self._attempt, len(BACKOFF_S) - 1)]
+        why = attempt.error
+        if why != self.last_error:
+            self.last_error = why
+            return [SessionEvent(state="reconnecting", detail=why, ts_ns=_clk())]
+        return []
+
     def request_capture(self, steps: int, mode: str = "ops", label: str | None = None) -> str:
         cid = new_capture_id()
         frame = encode(Capture(capture_id=cid, steps=steps, mode=mode, label=label, token=self.token))
@@ -219,7 +272,7 @@ class ProbeSession(Session):
             if sock is None:
                 raise AdapterConnectionError(f"not connected to {self.host}:{self.port}: {self.last_error}")
             try:
-                sock.setblocking(True)
+                sock.settimeout(SEND_TIMEOUT_S)  # a peer that stopped reading must not hold the caller
                 sock.sendall(frame)
             except OSError as exc:
                 raise AdapterConnectionError(f"cannot send the capture request: {exc}") from None

@@ -129,15 +129,31 @@ class TargetHandle:
         return self.adapter is not None and bool(self.adapter.SUPPORTS_CAPTURE)
 
     def replay_text(self) -> str | None:
-        """``x1 ▶`` / ``x2 ❚❚`` for a replay, None for a live target."""
+        """``replay 00:12.3 / 01:05.0 · 2× ▶`` (position / length in the recording's own
+        time, speed, playing/paused/ended) for a replay, None for a live target."""
         s = self.session
         if s is None or not hasattr(s, "set_speed"):
             return None
         speed = float(getattr(s, "speed", 1.0))
-        sp = "as fast as read" if speed == 0 else f"x{speed:g}"
+        sp = "as fast as read" if speed == 0 else f"{speed:g}×"
+        where = ""
+        elapsed = getattr(s, "elapsed_ns", None)
+        if callable(elapsed):
+            length = getattr(s, "length_ns", None)
+            total = _clock(length) if length is not None else "…"
+            where = f"{_clock(elapsed())} / {total} · "
         if s.ended:
-            return f"replay {sp}, ended"
-        return f"replay {sp} " + ("❚❚ paused" if getattr(s, "paused", False) else "▶")
+            return f"replay {where}{sp}, ended"
+        return f"replay {where}{sp} " + ("❚❚ paused" if getattr(s, "paused", False) else "▶")
+
+
+def _clock(ns: int) -> str:
+    """``01:05.0`` (``1:02:03.4`` from an hour on): a position in a recording."""
+    tenths = max(0, int(ns // 100_000_000))
+    s, t = divmod(tenths, 10)
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}:{m:02d}:{sec:02d}.{t}" if h else f"{m:02d}:{sec:02d}.{t}"
 
 
 class RecordsBatch(Message):
@@ -282,19 +298,20 @@ class MonitorApp(App[int]):
     # -- ingest (worker thread) ---------------------------------------------------------------
 
     def _connect(self, h: TargetHandle) -> Session | None:
-        """Open the target's session in the worker; on failure post why and maybe retry."""
+        """Open the target's session in the worker; on failure post why and maybe retry.
+
+        A target that retries gets a session that connects in its own thread: a
+        connection attempt against a hung server may take seconds, and a quitting app
+        must not wait for it (Textual waits for every thread worker on exit)."""
         try:
             if h.adapter is None:
                 h.adapter = adapter_for(h.target, **self.adapter_options)
-            return h.adapter.connect()
-        except AdapterError as exc:
             retry = getattr(h.adapter, "session", None)
-            if self.wait and h.adapter is not None and h.adapter.SUPPORTS_RECONNECT and callable(retry):
-                self.post_message(
-                    RecordsBatch(h.index, [SessionEvent(state="reconnecting", detail=str(exc))])
-                )
+            if self.wait and h.adapter.SUPPORTS_RECONNECT and callable(retry):
                 s: Session = retry()
                 return s
+            return h.adapter.connect()
+        except AdapterError as exc:
             self.post_message(RecordsBatch(h.index, [SessionEvent(state="error", detail=str(exc))]))
             return None
 
@@ -650,7 +667,13 @@ class MonitorApp(App[int]):
         self.push_screen(HelpScreen())
 
     async def action_quit(self) -> None:
-        """Stop recordings and leave."""
+        """Stop recordings, close every session and leave.
+
+        Everything on this path is bounded (``close_all``): the ingest workers end
+        within one short read, sessions close without waiting on their servers.  The
+        sessions close here, before Textual's shutdown, so that shutdown finds the
+        workers already ending and no poller is still using the CPU."""
+        self.close_all()
         self.exit(0)
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
@@ -697,7 +720,8 @@ class MonitorApp(App[int]):
         self.close_all()
 
     def close_all(self) -> None:
-        """Stop recordings, cancel workers and close sessions (idempotent)."""
+        """Stop recordings, cancel workers and close sessions (idempotent; never waits
+        on a target: each session's ``close()`` is bounded)."""
         for h in self.handles:
             with h.rec_lock:
                 w, h.recorder = h.recorder, None

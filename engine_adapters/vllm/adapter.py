@@ -56,11 +56,13 @@ from engine_adapters.vllm.http import HttpClient, ServerUnreachable
 from engine_adapters.vllm.info import build_info, loop_count_from, read_model_config
 from engine_adapters.vllm.metrics import (
     CACHE_INFO,
+    LmHead,
     MfuState,
     Scrape,
     ScrapeError,
     counters_went_back,
     derive,
+    lm_head_from,
     parse_scrape,
 )
 
@@ -69,6 +71,8 @@ BACKOFF_S = (0.5, 1.0, 2.0, 3.0)
 SLOW_POLLS_BEFORE_LOST = 3
 """Consecutive /metrics timeouts before the server counts as lost (one slow answer does not)."""
 QUEUE_MAX = 4096
+CLOSE_WAIT_S = 0.2
+"""Longest ``close()`` waits for a capture thread, and for sending its ``/stop_profile``."""
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0")
 
 
@@ -125,6 +129,8 @@ class VllmSession(Session):
         self.loop_known = adapter.loop_count is not None
         self.adapter_loop_given = adapter.loop_count is not None
         self.last_sample: MetricsSample | None = None
+        self.head: LmHead | None = None
+        """The model's LM head (from a local config.json), for the looped-model correction."""
         self._q: queue.Queue[Record] = queue.Queue(QUEUE_MAX)
         self._dropped = 0
         self._stop = threading.Event()
@@ -136,6 +142,7 @@ class VllmSession(Session):
         self._capture: HttpCapture | None = None
         self._thread: threading.Thread | None = None
         self._slow = 0
+        self._last_error = ""
         self.polls = 0
         self.poll_errors = 0
         self.last_poll_s = 0.0
@@ -155,6 +162,16 @@ class VllmSession(Session):
         assert self.hello is not None
         self._post(self.hello)
         self._prev = first
+        self._state = "connected"
+        self._start_thread()
+
+    def open_in_background(self) -> None:
+        """Start the polling thread without a first connection: it connects (and retries,
+        saying why in a ``SessionEvent``) by itself, so the caller never waits on the network."""
+        self._state = "reconnecting"
+        self._start_thread()
+
+    def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._poll_loop, name="rltperf-vllm-poll", daemon=True)
         self._thread.start()
 
@@ -182,6 +199,7 @@ class VllmSession(Session):
         root = models[0].get("root") if models else None
         local = self.http.host in _LOOPBACK
         config = read_model_config(root) if local else None
+        self.head = lm_head_from(config)
         loop_source = "given to rltperf"
         if self.loop_count is None or not self.adapter_loop_given:
             found = loop_count_from(config)
@@ -242,7 +260,8 @@ class VllmSession(Session):
                 self._dropped += 1
 
     def _poll_loop(self) -> None:
-        nxt = time.monotonic() + self.interval
+        # a session opened in the background connects at once
+        nxt = time.monotonic() + (0.0 if self._state == "reconnecting" else self.interval)
         attempt = 0
         while not self._stop.is_set():
             delay = nxt - time.monotonic()
@@ -298,7 +317,7 @@ class VllmSession(Session):
             except ServerUnreachable as exc:
                 self._lost(str(exc))
             return
-        sample = derive(prev, cur, self._mfu, float(self.loop_count or 1), self.loop_known)
+        sample = derive(prev, cur, self._mfu, float(self.loop_count or 1), self.loop_known, head=self.head)
         self.last_sample = sample
         self._post(sample)
 
@@ -316,8 +335,13 @@ class VllmSession(Session):
     def _try_reconnect(self) -> bool:
         try:
             first = self._connect_once()
-        except ServerUnreachable:
+        except ServerUnreachable as exc:
+            why = str(exc)
+            if why != self._last_error and not self._stop.is_set():
+                self._last_error = why
+                self._post(SessionEvent(state="reconnecting", detail=why, ts_ns=_clk()))
             return False
+        self._last_error = ""
         self._prev = first
         self._mfu = MfuState()
         self._state = "connected"
@@ -420,15 +444,22 @@ class VllmSession(Session):
         return cid
 
     def close(self) -> None:
-        """Stop polling; a capture in flight still sends /stop_profile (waited for briefly)."""
+        """Stop polling and cancel a capture in flight, waiting at most ``CLOSE_WAIT_S``.
+
+        Nothing here waits on the server: a scrape in flight ends on its own (daemon
+        thread).  A capture that started the profiler and has not had its
+        ``/stop_profile`` answered gets one sent without waiting for the answer (the
+        server stops and exports on its own time; without the stop it would refuse the
+        next capture with 409).  A stop the capture thread already sent makes this one
+        a harmless repeat."""
         self._stop.set()
         cap = self._capture
         if cap is not None:
             cap.cancel.set()
-            cap.join(10.0)
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(2.0)  # a scrape in flight finishes on its own (daemon thread)
+            cap.join(CLOSE_WAIT_S)
+            job = cap.job
+            if cap.is_alive() and job.started_ns is not None and not job.stop_sent:
+                self.http.send_nowait("POST", "/stop_profile", timeout=CLOSE_WAIT_S)
         self._ended = True
 
     @property
@@ -481,6 +512,13 @@ class VllmAdapter(Adapter):
     def connect(self) -> VllmSession:
         s = VllmSession(self)
         s.open()
+        return s
+
+    def session(self) -> VllmSession:
+        """A session that connects in its own thread and retries until the server
+        answers (``read()`` reports why it is not connected yet)."""
+        s = VllmSession(self)
+        s.open_in_background()
         return s
 
 

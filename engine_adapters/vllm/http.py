@@ -68,6 +68,30 @@ class HttpClient:
         finally:
             conn.close()
 
+    def send_nowait(self, method: str, path: str, timeout: float = 0.2) -> bool:
+        """Send a body-less request and close without reading the answer (the server
+        still handles it); every step bounded by ``timeout``.  True when it was sent."""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=timeout) as sock:
+                if self.scheme == "https":
+                    import ssl
+
+                    ctx = ssl.create_default_context()
+                    with ctx.wrap_socket(sock, server_hostname=self.host) as tls:
+                        tls.sendall(self._request_bytes(method, path))
+                else:
+                    sock.sendall(self._request_bytes(method, path))
+                return True
+        except OSError:
+            return False
+
+    def _request_bytes(self, method: str, path: str) -> bytes:
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        return (
+            f"{method} {self.prefix}{path} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
+            "User-Agent: rltperf\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ).encode()
+
     def get_json(self, path: str, timeout: float | None = None) -> Any:
         """GET ``path`` and decode JSON; None on a non-200 answer or bad JSON."""
         status, body = self.request("GET", path, timeout=timeout)

@@ -48,6 +48,83 @@ MFU_CAVEAT = (
     "under-counted by its loop count"
 )
 
+_DTYPE_BYTES = {"float32": 4.0, "fp32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "fp16": 2.0,
+                "half": 2.0, "bf16": 2.0, "float8_e4m3fn": 1.0, "float8_e5m2": 1.0, "int8": 1.0}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LmHead:
+    """The part of vLLM's estimate that a looped model runs once per step: the LM head.
+
+    vLLM 0.32's estimator (``vllm/v1/metrics/perf.py``) sums three components per
+    step: attention and FFN, each times ``num_hidden_layers``, and the unembedding (LM
+    head), once.  It has no embedding term (a lookup of T rows, left out), so tied or
+    untied embeddings change nothing here.  For a step of T tokens of which G need
+    logits (decode tokens plus one per prefill), with hidden size D, vocabulary V and
+    b bytes per element (weights and activations in the model dtype), the LM head is
+
+    - FLOPs: ``2·G·D·V``
+    - read bytes: ``D·V·b`` (the weight, once per step) ``+ G·D·b`` (its input)
+    - write bytes: ``G·V·b`` (the logits)
+
+    Everything else in the estimate (the layers' weights, activations, KV reads and
+    writes, attention FLOPs) belongs to the layer stack, which a looped model runs
+    ``k`` times per step (Ouro: ``total_ut_steps`` passes over all layers, one KV per
+    pass).  Over a scrape interval of ``n`` steps and ``G`` generated tokens (every
+    generated token needed logits) the corrected figure of vLLM's ``X`` is
+
+        ``X_looped = k·(X − H) + H = k·X − (k − 1)·H``
+
+    with ``H`` the LM head's share above summed over the interval.  ``k = 1`` gives
+    ``X`` back unchanged.  ``H`` is capped at ``X`` (so the result is never below
+    vLLM's own figure).  The byte size comes from the model's config
+    (``torch_dtype``/``dtype``); a server started with another ``--dtype`` makes the
+    head's share off by that ratio (its weight is a few % of a step's bytes)."""
+
+    hidden: int
+    """Hidden size D."""
+    vocab: int
+    """Vocabulary size V (the LM head's rows)."""
+    bytes_per_elem: float
+    """Bytes per weight/activation element (model dtype)."""
+    dtype: str = ""
+    """The dtype the byte size was read from (``"assumed"`` when the config had none)."""
+
+    def flops(self, steps: float, tokens: float) -> float:
+        """FLOPs of the LM head over ``steps`` steps that produced ``tokens`` logits rows."""
+        return 2.0 * tokens * self.hidden * self.vocab
+
+    def read_bytes(self, steps: float, tokens: float) -> float:
+        """Bytes the LM head reads over the interval (weight once per step, inputs)."""
+        return (steps * self.hidden * self.vocab + tokens * self.hidden) * self.bytes_per_elem
+
+    def write_bytes(self, steps: float, tokens: float) -> float:
+        """Bytes the LM head writes over the interval (the logits)."""
+        return tokens * self.vocab * self.bytes_per_elem
+
+
+def lm_head_from(config: dict[str, object] | None) -> LmHead | None:
+    """The ``LmHead`` of a Hugging Face ``config.json`` (None without hidden and vocab sizes)."""
+    if not config:
+        return None
+    text = config.get("text_config")
+    if isinstance(text, dict) and "hidden_size" not in config:
+        config = {**text, **{k: v for k, v in config.items() if k in ("torch_dtype", "dtype")}}
+    hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
+    if not isinstance(hidden, int) or not isinstance(vocab, int) or hidden <= 0 or vocab <= 0:
+        return None
+    dt = config.get("torch_dtype") or config.get("dtype")
+    name = str(dt).removeprefix("torch.") if dt else ""
+    size = _DTYPE_BYTES.get(name)
+    if size is None:
+        size, name = 2.0, "assumed"  # 16-bit weights: what a served model nearly always has
+    return LmHead(hidden=hidden, vocab=vocab, bytes_per_elem=size, dtype=name)
+
+
+def loop_corrected(value: float, head_share: float, loops: float) -> float:
+    """``k·X − (k − 1)·H`` (see ``LmHead``), with ``H`` capped at ``X``."""
+    return loops * value - (loops - 1.0) * min(max(0.0, head_share), value)
+
 
 @dataclass
 class Histogram:
@@ -228,8 +305,14 @@ def derive(
     loop_factor: float = 1.0,
     loop_known: bool = False,
     source: str = "vllm /metrics",
+    head: LmHead | None = None,
 ) -> MetricsSample:
-    """The ``MetricsSample`` of the interval ``prev`` → ``cur`` (``prev`` must not be newer)."""
+    """The ``MetricsSample`` of the interval ``prev`` → ``cur`` (``prev`` must not be newer).
+
+    A looped model (``loop_factor`` k > 1) gets vLLM's bytes and FLOPs corrected layer
+    by layer: the layer stack k times, the LM head (``head``) once (formula in
+    ``LmHead``).  Without ``head`` everything is multiplied by k, which over-counts the
+    LM head (the notes say so)."""
     interval = max(0.0, (cur.ts_ns - prev.ts_ns) / 1e9)
     notes: list[str] = []
     finished = {reason: max(0.0, v - prev.finished.get(reason, 0.0)) for reason, v in cur.finished.items()}
@@ -242,11 +325,24 @@ def derive(
     estimating = mfu.observe(cur)
     read_b = write_b = flops = None
     if estimating:
-        read_b = _gain(prev, cur, READ_BYTES) * loop_factor
-        write_b = _gain(prev, cur, WRITE_BYTES) * loop_factor
-        flops = _gain(prev, cur, FLOPS) * loop_factor
-        if loop_factor != 1.0:
-            notes.append(f"{MFU_CAVEAT}; corrected here x{loop_factor:g} (the model's loop count)")
+        read_b = _gain(prev, cur, READ_BYTES)
+        write_b = _gain(prev, cur, WRITE_BYTES)
+        flops = _gain(prev, cur, FLOPS)
+        if loop_factor != 1.0 and head is not None:
+            logits = _gain(prev, cur, GEN_TOKENS)
+            read_b = loop_corrected(read_b, head.read_bytes(steps, logits), loop_factor)
+            write_b = loop_corrected(write_b, head.write_bytes(steps, logits), loop_factor)
+            flops = loop_corrected(flops, head.flops(steps, logits), loop_factor)
+            notes.append(
+                f"{MFU_CAVEAT}; corrected here: the layers x{loop_factor:g} (the model's loop count), "
+                f"the LM head once ({head.dtype or '?'}, {head.bytes_per_elem:g} B per element)"
+            )
+        elif loop_factor != 1.0:
+            read_b, write_b, flops = read_b * loop_factor, write_b * loop_factor, flops * loop_factor
+            notes.append(
+                f"{MFU_CAVEAT}; corrected here x{loop_factor:g} (the model's loop count), the LM head "
+                "included (its shape is unknown here, so it is over-counted)"
+            )
         elif loop_known:
             notes.append(f"{MFU_CAVEAT}; this model is not looped, so no correction is needed")
         else:

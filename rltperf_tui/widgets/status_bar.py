@@ -15,7 +15,8 @@ class StatusInfo:
     """What the status bar shows."""
 
     mode: str = "live"
-    """``live`` or a replay description (``replay x1 ▶``)."""
+    """``live`` or a replay description: position / length in the recording, speed and
+    state (``replay 00:12.3 / 01:05.0 · 2× ▶``)."""
     targets: int = 1
     """Targets attached."""
     window_s: float = 10.0

@@ -393,3 +393,50 @@ async def test_capture_states_on_screen() -> None:
             and "disk full: no space left" in text
             and "error kept in /snap/x_full_8steps" in text
         )
+
+
+def _recording_span_s() -> float:
+    """The fixture recording's span in data time, from its records' own clocks."""
+    from engine_adapters.records import DeviceSample, RequestRecord, Stats
+
+    _, recs = read_all(RECORDING)
+    times = [r.end_ns for r in recs if isinstance(r, StepRecord)]
+    times += [r.finish_ns for r in recs if isinstance(r, RequestRecord)]
+    times += [r.ts_ns for r in recs if isinstance(r, (DeviceSample, Stats))]
+    return (max(times) - min(times)) / 1e9
+
+
+def _replay_clock(text: str) -> tuple[float, float, str]:
+    """(position s, length s, the rest) of ``replay MM:SS.s / MM:SS.s · ...``."""
+    m = re.search(r"replay (\d\d):(\d\d\.\d) / (\d\d):(\d\d\.\d) · (.*)", text)
+    assert m, text
+    return int(m[1]) * 60 + float(m[2]), int(m[3]) * 60 + float(m[4]), m[5]
+
+
+@sync
+async def test_replay_shows_position_length_speed_and_pause() -> None:
+    span = _recording_span_s()
+    app = MonitorApp([replay_spec(speed=4.0)])
+    async with app.run_test(size=(120, 40)) as pilot:
+        h = app.handles[0]
+        bar = app.query_one(StatusBar)
+        await wait_for(pilot, lambda: len(h.stats.steps) > 0 and "…" not in str(bar.render().plain),
+                       what="replayed steps and the recording's length")  # fmt: skip
+        await pilot.pause(1.0)
+        app.force_render()
+        pos, total, rest = _replay_clock(str(bar.render().plain))
+        assert total == pytest.approx(span, abs=0.051)  # shown to a tenth
+        assert 0 < pos < total and rest.startswith("4× ▶")
+        await pilot.press("p")
+        await pilot.pause(0.3)
+        paused_at, _, rest = _replay_clock(str(bar.render().plain))
+        assert "❚❚ paused" in rest and paused_at >= pos
+        await pilot.pause(0.8)  # 3.2 s of data at 4x, were it playing
+        app.force_render()
+        assert _replay_clock(str(bar.render().plain))[0] == paused_at
+        await pilot.press("p", "plus")
+        await wait_for(pilot, lambda: h.stats.state == "ended", timeout=30, what="end of replay")
+        app.force_render()
+        await pilot.pause(0.1)
+        pos, total, rest = _replay_clock(str(bar.render().plain))
+        assert pos == total and rest.startswith("8×, ended ·")

@@ -126,3 +126,84 @@ def test_aggregator_metrics_window_pools_samples_and_computes_mbu() -> None:
     one = st.metrics_window(1.0)  # only the newest sample
     assert one is not None and one.tokens_per_s == pytest.approx(300.0) and one.latency_samples["ttft"] == 4
     assert TargetStats().metrics_window() is None
+
+
+# Ouro-1.4B's shape (ByteDance/Ouro-1.4B config.json): hidden 2048, 24 layers, vocab 49152,
+# intermediate 5632, 16 heads of 128, 16 KV heads, untied embeddings, bfloat16, 4 loops.
+D, L, V, DI, Q, KV, HD, B = 2048, 24, 49152, 5632, 16, 16, 128, 2
+
+
+def _ouro_interval(steps: int, batch: int, ctx: int) -> tuple[dict[str, float], dict[str, float]]:
+    """vLLM 0.32's estimate for ``steps`` decode steps of ``batch`` tokens at context ``ctx``,
+    term by term as ``vllm/v1/metrics/perf.py`` writes them down: (layer stack, LM head)."""
+    t, c = batch, batch * ctx  # tokens per step, summed decode context per step
+    layers = {
+        "flops": (2 * t * D * (Q + 2 * KV) * HD + 2 * t * D * Q * HD  # qkv, out projections
+                  + 2 * Q * (t * ctx) * HD * 2  # QK^T and AV
+                  + 2 * D * 3 * DI * t) * L,  # SwiGLU FFN
+        "read": (t * D + D * (Q + 2 * KV) * HD + t * Q * HD + 2 * c * KV * HD  # qkv in/weight, q, KV
+                 + t * Q * HD + Q * HD * D  # out in/weight
+                 + t * D + 2 * D * DI + 2 * t * DI + t * DI + D * DI) * B * L,  # FFN
+        "write": (t * (Q + 2 * KV) * HD + 2 * t * KV * HD + t * D
+                  + 2 * t * DI + t * DI + t * D) * B * L,
+    }  # fmt: skip
+    head = {"flops": 2 * t * D * V, "read": (t * D + D * V) * B, "write": t * V * B}
+    return ({k: v * steps for k, v in layers.items()}, {k: v * steps for k, v in head.items()})
+
+
+def _scrapes(steps: int, tokens: int, flops: float, read: float, write: float):
+    from engine_adapters.vllm.metrics import (
+        FLOPS,
+        GEN_TOKENS,
+        ITERATION_TOKENS,
+        READ_BYTES,
+        WRITE_BYTES,
+        Histogram,
+        Scrape,
+    )
+
+    def one(ts: int, k: int) -> Scrape:
+        s = Scrape(ts_ns=ts)
+        s.counters = {GEN_TOKENS: 1000.0 + k * tokens, READ_BYTES: 5e12 + k * read, WRITE_BYTES: 1e12 + k * write,
+                      FLOPS: 9e13 + k * flops}  # fmt: skip
+        s.hists[ITERATION_TOKENS] = Histogram([], [], count=500.0 + k * steps, sum=4000.0 + k * tokens)
+        return s
+
+    return one(0, 0), one(10**9, 1)
+
+
+def test_looped_correction_multiplies_the_layers_not_the_lm_head() -> None:
+    from engine_adapters.vllm.metrics import lm_head_from
+
+    cfg = {"hidden_size": D, "num_hidden_layers": L, "vocab_size": V, "intermediate_size": DI,
+           "num_attention_heads": Q, "num_key_value_heads": KV, "tie_word_embeddings": False,
+           "torch_dtype": "bfloat16", "total_ut_steps": 4}  # fmt: skip
+    head = lm_head_from(cfg)
+    assert head is not None and head.bytes_per_elem == 2
+    steps, batch = 50, 8
+    layers, lm = _ouro_interval(steps, batch, ctx=1000)
+    seen = {k: layers[k] + lm[k] for k in layers}  # what vLLM counts: every layer once
+    a, b = _scrapes(steps, steps * batch, seen["flops"], seen["read"], seen["write"])
+    m = derive(a, b, MfuState(), loop_factor=4.0, loop_known=True, head=head)
+    assert m.flops == pytest.approx(4 * layers["flops"] + lm["flops"], rel=1e-12)
+    assert m.read_bytes == pytest.approx(4 * layers["read"] + lm["read"], rel=1e-12)
+    assert m.write_bytes == pytest.approx(4 * layers["write"] + lm["write"], rel=1e-12)
+    # the old correction (everything x4) over-counted the read bytes by 3x the LM head's share
+    assert 4 * seen["read"] / m.read_bytes == pytest.approx(1 + 3 * lm["read"] / m.read_bytes)
+    assert 4 * seen["read"] / m.read_bytes > 1.01
+    assert any("LM head once" in n for n in m.notes)
+    # loop count 1: vLLM's own figures, unchanged
+    one = derive(a, b, MfuState(), loop_factor=1.0, loop_known=True, head=head)
+    assert (one.flops, one.read_bytes, one.write_bytes) == (seen["flops"], seen["read"], seen["write"])
+
+
+def test_lm_head_from_config() -> None:
+    from engine_adapters.vllm.metrics import lm_head_from
+
+    assert lm_head_from(None) is None and lm_head_from({"hidden_size": 8}) is None
+    h = lm_head_from({"hidden_size": 128, "vocab_size": 1024, "dtype": "float32"})
+    assert h is not None and (h.hidden, h.vocab, h.bytes_per_elem) == (128, 1024, 4.0)
+    nested = lm_head_from({"text_config": {"hidden_size": 64, "vocab_size": 100}, "torch_dtype": "float16"})
+    assert nested is not None and (nested.hidden, nested.bytes_per_elem) == (64, 2.0)
+    assumed = lm_head_from({"hidden_size": 64, "vocab_size": 100})
+    assert assumed is not None and assumed.dtype == "assumed" and assumed.bytes_per_elem == 2.0

@@ -211,6 +211,61 @@ def test_capture_without_profiler_dir_names_the_flag(vllm_server: Server) -> Non
         col.stop()
 
 
+def test_close_during_a_capture_is_bounded_and_stops_the_profiler(
+    vllm_server: Server, tmp_path: Path
+) -> None:
+    """Quitting mid-capture: ``close()`` returns at once, yet the server gets its
+    /stop_profile (a new /start_profile is accepted, not refused with 409)."""
+    import urllib.error
+    import urllib.request
+
+    session = VllmAdapter(
+        f"vllm+http://127.0.0.1:{vllm_server.port}", profiler_dir=str(vllm_server.profiler_dir),
+        snapshot_root=str(tmp_path / "snapshots"),
+    ).connect()  # fmt: skip
+    col = Collector(session)
+    load = Load(vllm_server.url, conc=2, max_tokens=64)
+    done_ev = threading.Event()
+    lt = threading.Thread(target=load.run, args=(120.0, done_ev), daemon=True)
+    lt.start()
+    try:
+        from engine_adapters.records import CaptureStarted
+
+        cid = session.request_capture(1024, "ops", "quit")  # the longest allowed: still running at close()
+        col.wait_for(CaptureStarted, 60, lambda r: r.capture_id == cid)
+        col._stop.set()
+        t0 = time.monotonic()
+        session.close()
+        took = time.monotonic() - t0
+        assert took < 0.5, f"close() took {took:.2f} s"
+
+        def start() -> int:
+            req = urllib.request.Request(vllm_server.url + "/start_profile", data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    return int(r.status)
+            except urllib.error.HTTPError as exc:
+                return int(exc.code)
+
+        deadline = time.monotonic() + 60
+        status = start()
+        while status == 409 and time.monotonic() < deadline:  # the stop may still be exporting
+            time.sleep(1.0)
+            status = start()
+        assert status == 200, f"the server still holds the profiling session ({status})"
+        # end the session this test opened (the capture thread's own late stop may have done so)
+        stop = urllib.request.Request(vllm_server.url + "/stop_profile", data=b"", method="POST")
+        try:
+            urllib.request.urlopen(stop, timeout=120).close()
+        except urllib.error.HTTPError:
+            pass
+    finally:
+        done_ev.set()
+        col.stop()
+        lt.join(30)
+
+
 # --------------------------------------------------------------------------- the plugin
 
 
