@@ -185,7 +185,9 @@ def attach_hint(target: str, token: str | None) -> str:
     """The attach command for ``target``; a token is named, never printed (logs get shared)."""
     if not token:
         return f"rltperf attach {target}"
-    return f"rltperf attach {target} with RLTPERF_TOKEN set to this engine's token (--token or $RLTPERF_TOKEN)"
+    return (
+        f"rltperf attach {target} with RLTPERF_TOKEN set to this engine's token (--token or $RLTPERF_TOKEN)"
+    )
 
 
 def _status(engine: Any, t0: float, last: dict[str, float]) -> None:

@@ -55,7 +55,9 @@ class EngineProcess:
                     return line.rstrip("\n")
             elif self.p.poll() is not None:
                 break
-        raise AssertionError(f"no such line in {timeout} s; stdout {self.lines}; stderr {self.stderr()[-2000:]}")
+        raise AssertionError(
+            f"no such line in {timeout} s; stdout {self.lines}; stderr {self.stderr()[-2000:]}"
+        )
 
     def stderr(self) -> str:
         return self.err_path.read_text(errors="replace")
@@ -69,14 +71,18 @@ class EngineProcess:
 
 def _git_head() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        )
     except OSError:
         return None
     return out.stdout.strip() if out.returncode == 0 else None
 
 
 @pytest.mark.slow
-def test_first_lines_token_commit_kv_and_quiet_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_first_lines_token_commit_kv_and_quiet_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Started from a folder outside the checkout, listening on every interface with a
     token, with the README's long-prompt workload and the default KV:
 
@@ -129,7 +135,9 @@ def test_first_lines_token_commit_kv_and_quiet_stderr(tmp_path: Path, monkeypatc
 def test_engine_stops_within_a_second_of_a_signal(tmp_path: Path, sig: signal.Signals) -> None:
     """Asked to stop, the engine says so and is gone at once (before: 2-7 s of torch's
     teardown after "stopped by signal" on a busy 2-core machine)."""
-    eng = EngineProcess(["--listen", "127.0.0.1:0", "--status-every", "0.5", "--duration", "120"], cwd=tmp_path)
+    eng = EngineProcess(
+        ["--listen", "127.0.0.1:0", "--status-every", "0.5", "--duration", "120"], cwd=tmp_path
+    )
     try:
         eng.wait_line(lambda s: "steps/s" in s, 120)  # running, not starting
         t0 = time.monotonic()
