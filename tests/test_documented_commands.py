@@ -10,8 +10,9 @@ How a documented command becomes a runnable one (``runnable``):
 - optional parts in brackets are all included (``[--json]`` runs with ``--json``),
   except a repeated placeholder (``[TARGET ...]``);
 - durations are shortened through their own flag: ``rltperf engine`` runs with
-  ``--duration 4`` (added when absent) and ``--listen 127.0.0.1:0`` (7788 may be taken),
-  ``rltperf record`` with ``--duration 3``;
+  ``--duration 3`` (added when absent) and ``--listen 127.0.0.1:0`` (7788 may be taken),
+  ``rltperf record`` with ``--duration 3`` and ``-o`` a fresh file (the fixtures made
+  the one the README names, and recordings are never overwritten);
 - the monitor itself (demo, attach, replay) runs in a pseudo-terminal: it must draw,
   still be running after a few seconds, and quit on ``q`` with status 0;
 - skipped, each with the reason printed: what needs hardware or a server this machine
@@ -43,7 +44,7 @@ import pytest
 from tests.conftest import ROOT, start_engine
 
 README = ROOT / "README.md"
-ENGINE_DURATION_S = "4"
+ENGINE_DURATION_S = "3"
 RECORD_DURATION_S = "3"
 TUI_COMMANDS = ("demo", "attach", "replay")
 
@@ -175,6 +176,9 @@ def runnable(doc: Documented, fx: Fixtures) -> tuple[list[str] | None, str]:
         argv = _set_flag(argv, "--snapshots", str(fx.work / "snapshots-engine"))
     if argv[1:2] == ["record"]:
         argv = _set_flag(argv, "--duration", RECORD_DURATION_S)
+        # recordings are never overwritten: a fresh name beside the fixtures' own
+        out = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-o", "--output")), "out.rltrec")
+        argv = _set_flag(argv, "-o", str(fx.work / f"documented-{len(os.listdir(fx.work))}-{Path(out).name}"))
     return argv, ""
 
 

@@ -101,10 +101,20 @@ def git_state(cwd: str) -> dict[str, str]:
 
 
 def _main_script_dir() -> str | None:
-    """Folder of the script that started this process (``python my_engine.py``, ``-m pkg``)."""
+    """Folder of the script that started this process (``python my_engine.py``, ``-m pkg``).
+
+    None for installed code (a console script or a package under ``sys.prefix``, e.g. a
+    virtual environment that happens to sit inside some checkout): not the engine's code.
+    """
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    return os.path.dirname(os.path.abspath(path)) if path else None
+    if not path:
+        return None
+    path = os.path.abspath(path)
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        if path.startswith(os.path.abspath(prefix) + os.sep):
+            return None
+    return os.path.dirname(path)
 
 
 def code_state(code_dir: str | None = None, cwd: str | None = None) -> dict[str, str]:
