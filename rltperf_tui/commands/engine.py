@@ -301,7 +301,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        # Closing is quick unless a capture is exporting (the probe finishes it, up to
+        # 10 s): past half a second, say what the engine is waiting for.
+        waiting = threading.Timer(0.5, lambda: print(
+            "rltperf engine: stopping: waiting for the probe to finish a capture export in progress "
+            "(at most 10 s) and send its last records", flush=True))  # fmt: skip
+        waiting.daemon = True
+        waiting.start()
         probe.close(reason)  # ships the last steps and requests, then the Bye
+        waiting.cancel()
     t = engine.totals
     el = time.monotonic() - t0
     mean_depth = (
