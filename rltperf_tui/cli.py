@@ -8,6 +8,7 @@ textual, vllm) at module level, so ``rltperf --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
@@ -84,35 +85,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-FAST_EXIT_COMMANDS = ("attach", "replay", "demo")
-"""Monitor commands that end the process as soon as they are done (``_exit_now``)."""
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``rltperf`` console script.
+
+    Run from the command line (``argv`` None), a command whose module sets
+    ``EXIT_WITHOUT_TEARDOWN`` ends the process as soon as its output is flushed (see
+    ``_exit_now``); called with ``argv`` (tests, other Python code) it always returns.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    rc = _run(parser, args)
+    if argv is None and getattr(getattr(args, "_module", None), "EXIT_WITHOUT_TEARDOWN", False):
+        _exit_now(rc)
+    return rc
 
 
 def _exit_now(rc: int) -> None:
-    """End the process without the interpreter's teardown.
+    """Run the atexit handlers, flush, and leave without the interpreter's teardown.
 
-    Called after the command cleaned up after itself (sessions closed, recordings and
-    the demo engine stopped).  Python's finalisation (a full garbage collection, module
-    teardown) costs a monitor 0.2-0.3 s of CPU, and on a host whose cores are busy
-    serving (a loaded vLLM server on 2 cores) the process waited 1-11 s for that CPU
-    after the screen was gone (measured: ``q`` to exit 3.5-16.6 s, 0.2-1.1 s of it
-    before ``main`` returned).  Only the console entry point does this (``argv`` is
-    None); a caller of ``main()`` gets its return value."""
+    After ``import torch`` that teardown (destructors of torch's native libraries) takes
+    2-7 s on a busy 2-core machine: an engine told to stop would linger that long after
+    saying it stopped.  A monitor's finalisation (a full garbage collection, module
+    teardown) costs 0.2-0.3 s of CPU, and on a host whose cores are busy serving (a loaded
+    vLLM server on 2 cores) it waited 1-11 s for that CPU after the screen was gone
+    (measured: ``q`` to exit 3.5-16.6 s).  Everything the command owns is closed by then
+    (sessions, recordings, the demo's engine).
+    """
+    import atexit
     import os
 
+    atexit._run_exitfuncs()
     logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            f.flush()
     os._exit(rc)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``rltperf`` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     if not getattr(args, "command", None):
@@ -126,10 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
         tune_gc_for_ingest()
     try:
-        rc = int(args._module.run(args) or 0)
-        if argv is None and args.command in FAST_EXIT_COMMANDS:
-            _exit_now(rc)
-        return rc
+        return int(args._module.run(args) or 0)
     except (AdapterError, RecordingError) as exc:
         print(f"rltperf {args.command}: error: {exc}", file=sys.stderr)
         return 1

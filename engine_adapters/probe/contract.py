@@ -2,7 +2,7 @@
 
 The field list is the seed's §2 ("Fix a reproducible test contract"): every field is
 present in every bundle, with a value or the string ``"unknown: <why>"``.  What the probe
-can find by itself (git state of the engine's working directory, Python/torch/CUDA and
+can find by itself (git state of the engine's code: see ``code_state``, Python/torch/CUDA and
 driver versions, CPU and GPUs) it fills in; the rest comes from ``EngineInfo``.
 """
 
@@ -13,6 +13,7 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 from functools import lru_cache
 from typing import Any
 
@@ -99,6 +100,59 @@ def git_state(cwd: str) -> dict[str, str]:
     }
 
 
+def _main_script_dir() -> str | None:
+    """Folder of the script that started this process (``python my_engine.py``, ``-m pkg``).
+
+    None for installed code (a console script or a package under ``sys.prefix``, e.g. a
+    virtual environment that happens to sit inside some checkout): not the engine's code.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path:
+        return None
+    path = os.path.abspath(path)
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        if path.startswith(os.path.abspath(prefix) + os.sep):
+            return None
+    return os.path.dirname(path)
+
+
+def code_state(code_dir: str | None = None, cwd: str | None = None) -> dict[str, str]:
+    """``commit``, ``diff_sha256`` and ``commit_source`` of the code that runs the engine.
+
+    The engine's code is not where it was started from: ``rltperf engine`` run in
+    ``/tmp`` is still the reference engine's checkout.  Candidates, first git checkout
+    wins: ``code_dir`` (the engine's own code, e.g. the ``code_dir`` an engine passes in
+    its ``EngineInfo.contract``), the folder of the script that started the process, the
+    working directory.  ``commit_source`` names where the commit was read; when none is
+    a checkout, ``commit`` says every place looked at.
+    """
+    tried: list[tuple[str, str]] = []
+    if code_dir:
+        tried.append((os.path.abspath(code_dir), "the engine's code"))
+    main_dir = _main_script_dir()
+    if main_dir:
+        tried.append((main_dir, "the script that started the engine process"))
+    tried.append((os.path.abspath(cwd or os.getcwd()), "the engine's working directory"))
+    seen: set[str] = set()
+    last: dict[str, str] = {}
+    for path, what in tried:
+        if path in seen:
+            continue
+        seen.add(path)
+        st = git_state(path)
+        if not is_unknown(st["commit"]):
+            return {**st, "commit_source": f"git checkout holding {path} ({what})"}
+        last = st
+    places = ", ".join(p for p, _ in tried if p in seen)
+    why = last.get("diff_sha256", unknown("not a git checkout"))[len(UNKNOWN_PREFIX) :]
+    return {
+        "commit": unknown(f"{why}: looked in {places}"),
+        "diff_sha256": unknown(why),
+        "commit_source": "none found",
+    }
+
+
 @lru_cache(maxsize=1)
 def cpu_model() -> str:
     """CPU model name and logical core count."""
@@ -152,7 +206,8 @@ def build_contract(info: EngineInfo, cwd: str | None = None) -> dict[str, Any]:
     """Every contract field for a bundle: discovered, from ``info``, or ``unknown: why``."""
     env = environment()
     c: dict[str, Any] = {}
-    c.update(git_state(os.path.abspath(cwd or os.getcwd())))
+    if not info.contract.get("commit"):  # an engine that read its own commit wins
+        c.update(code_state(info.contract.get("code_dir"), cwd))
     c["model"] = info.model
     c["dtype"] = info.dtype
     c["quantization"] = info.quantization

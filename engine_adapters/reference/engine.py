@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from engine_adapters import __version__
+from engine_adapters.probe.contract import code_state
 from engine_adapters.reference.analytic import DTYPE_BYTES, StepCounter, param_count
 from engine_adapters.reference.batch import RowSpec, StepBatch
 from engine_adapters.reference.exits import ExitPolicy, parse_exit, parse_exit_mode
@@ -45,6 +46,8 @@ from engine_adapters.reference.scheduler import Scheduled, Scheduler, Sequence
 from engine_adapters.reference.spec import SpecConfig, parse_spec
 
 ENGINE_NAME = "rltperf-reference"
+KV_FIT_REQUESTS = 2
+"""The default KV pool holds at least this many requests of the workload."""
 EXIT_MARKS_MAX_LOOPS = 24
 """Deeper loops put exit checks inside ``forward`` (the probe keeps 64 marks per step)."""
 
@@ -193,11 +196,24 @@ class Engine:
             raise EngineError(f"--token-budget must be at least draft_len + 1 = {self.spec.draft_len + 1}")
         if cfg.kv_blocks is not None and cfg.kv_blocks < 1:
             raise EngineError(f"--kv-blocks must be >= 1, not {cfg.kv_blocks}")
-        nblocks = cfg.kv_blocks or blocks_for_memory(
-            model_cfg, self.kv_policy, bt, preset.engine.kv_mem_bytes, self.bpe
-        )
         w = self.workload
         need = w.prompt_len + w.output_len + (self.spec.draft_len if self.spec else 0)
+        self.kv_raised: str | None = None
+        """Why the default KV pool is larger than the preset's budget (None: it is not)."""
+        if cfg.kv_blocks is not None:
+            nblocks = cfg.kv_blocks
+        else:
+            nblocks = blocks_for_memory(model_cfg, self.kv_policy, bt, preset.engine.kv_mem_bytes, self.bpe)
+            # The budget keeps the demo's bursts under KV pressure; a workload with longer
+            # requests (rate-4096: 4160 tokens) still runs without flags: the default pool
+            # grows to hold KV_FIT_REQUESTS of its requests (one running, one admitted).
+            fit = KV_FIT_REQUESTS * -(-need // bt)
+            if nblocks < fit:
+                self.kv_raised = (
+                    f"raised from the preset's {preset.engine.kv_mem_bytes / 2**20:.0f} MiB budget "
+                    f"({nblocks} blocks) to hold {KV_FIT_REQUESTS} requests of {need} tokens"
+                )
+                nblocks = fit
         if need > nblocks * bt:
             raise EngineError(
                 f"workload {w.text!r} needs {need} tokens of KV per request but the {self.kv_policy} cache holds "
@@ -275,6 +291,8 @@ class Engine:
             if not self.stall
             else f"{self.stall[0]:g} ms host stall in the schedule stage every {self.stall[1]} steps"
         )
+        # the commit of the code that runs, wherever the engine was started from
+        contract.update(code_state(os.path.dirname(os.path.abspath(__file__))))
         contract.update(
             {
                 "tokenizer": f"none: synthetic token IDs uniform over the vocabulary of {c.vocab}",
@@ -298,7 +316,7 @@ class Engine:
                 "spec_config": self.spec.describe() if self.spec else "off",
                 "loop_config": c.describe(),
                 "exit_config": f"{self.exit_config()}; kv_policy={self.kv_policy}",
-                "kv_capacity": self.kv.describe(),
+                "kv_capacity": self.kv.describe() + (f"; {self.kv_raised}" if self.kv_raised else ""),
                 "kv_policy": self.kv_policy,
                 "fault_injection": f"inject_stall={stall}; sync_every_stage={'on' if self.cfg.sync_every_stage else 'off'}",
                 "inject_stall": stall,

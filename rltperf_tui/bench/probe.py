@@ -220,7 +220,8 @@ def print_text(r: dict[str, Any]) -> None:
         f"{r['timer_overhead_ns']:.0f} ns removed):"
     )
     print(f"  step.mark() form   p50 {m['p50']:7.0f} ns   p99 {m['p99']:7.0f} ns   (target p50 <= 2000)")
-    print(f"  with stage() form  p50 {w['p50']:7.0f} ns   p99 {w['p99']:7.0f} ns")
+    ratio = f"   ({w['p50'] / m['p50']:.1f}x the mark() form)" if m["p50"] > 0 else ""
+    print(f"  with stage() form  p50 {w['p50']:7.0f} ns   p99 {w['p99']:7.0f} ns{ratio}")
     print(
         f"torch loop steps/s, probe + live subscriber vs probe off ({r['rounds']} interleaved pairs of "
         f"{r['block_steps']}-step blocks; median of pair ratios, quartiles {r['ratio_quartiles']}):"

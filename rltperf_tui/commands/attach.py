@@ -9,6 +9,8 @@ from typing import Any
 from rltperf_tui.commands.common import add_target_options, target_options
 
 HELP = "the live monitor: attach to running engines (tcp://, vllm+http://) or recordings"
+EXIT_WITHOUT_TEARDOWN = True
+"""Done, the process ends at once (``cli._exit_now``): no interpreter teardown to wait for."""
 DESCRIPTION = """\
 Open the live monitor on one or more targets, one column each, side by side (a
 prefill and a decode instance, several ranks):

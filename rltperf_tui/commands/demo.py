@@ -32,6 +32,8 @@ from typing import Any
 from rltperf_tui.commands.attach import add_monitor_options, check_monitor_options, monitor_kwargs
 
 HELP = "start here: the reference engine on this machine's CPU, watched live"
+EXIT_WITHOUT_TEARDOWN = True
+"""Done, the process ends at once (``cli._exit_now``): no interpreter teardown to wait for."""
 DESCRIPTION = """\
 Start the reference looped-transformer engine (tiny preset, CPU, a steady workload
 with bursts) as a child process, attach the live monitor to it, and stop the engine

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -15,8 +16,9 @@ DESCRIPTION = """\
 Runs the reference looped transformer (embedding, prelude, a shared block looped
 max_loops times with a norm between loops, coda, LM head) with RANDOM weights, driven by
 an in-process load generator, with the rltperf probe listening for monitors
-(`rltperf attach tcp://HOST:PORT`).  The first line printed is the probe address; then a
-status line every few seconds.  Stops on Ctrl-C / SIGTERM, at --duration, or when a
+(`rltperf attach tcp://HOST:PORT`).  The first line printed is the probe's target alone,
+`tcp://HOST:PORT` (a wildcard --listen prints this host's name), the second how to attach
+(a token is named, never printed); then a status line every few seconds.  Stops on Ctrl-C / SIGTERM, at --duration, or when a
 finite workload is done.
 
 Presets: tiny (CPU demo, a few ms per decode step on one core), membound (CPU decode
@@ -36,6 +38,9 @@ examples:
   rltperf engine --spec 2,3 --spec-accept oracle:0.7 --workload closed:8
   rltperf engine --inject-stall 20@10 --duration 30
   rltperf engine --preset ouro-1.4b-shape --analytic"""
+
+EXIT_WITHOUT_TEARDOWN = True
+"""Stopped, the engine process ends at once (``cli._exit_now``), not after torch's teardown."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -163,6 +168,36 @@ def _analytic(args: argparse.Namespace) -> int:
     return 0
 
 
+def attach_target(address: str) -> str:
+    """``tcp://HOST:PORT`` a monitor can connect to for a probe bound to ``address``.
+
+    A wildcard bind (0.0.0.0, ::) is no address to connect to: this host's name stands
+    in when it resolves (reachable from other machines too), else loopback.
+    """
+    import socket
+
+    from engine_adapters.wire import parse_hostport
+
+    host, port = parse_hostport(address)
+    if host in ("0.0.0.0", "::", ""):
+        name = socket.gethostname()
+        try:
+            socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+            host = name
+        except OSError:
+            host = "127.0.0.1" if host != "::" else "::1"
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def attach_hint(target: str, token: str | None) -> str:
+    """The attach command for ``target``; a token is named, never printed (logs get shared)."""
+    if not token:
+        return f"rltperf attach {target}"
+    return (
+        f"rltperf attach {target} with RLTPERF_TOKEN set to this engine's token (--token or $RLTPERF_TOKEN)"
+    )
+
+
 def _status(engine: Any, t0: float, last: dict[str, float]) -> None:
     t = engine.totals
     now = time.monotonic()
@@ -190,6 +225,11 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         print("rltperf engine: error: --duration must be positive", file=sys.stderr)
         return 2
+    # torch's profiler (kineto) prints "USDT: ... profiler_start / profiler_stop" on stderr
+    # at every profiler start, the probe's warm-up included: noise in the engine's log.
+    # Level 6 is above all of kineto's levels (its errors too: a capture that fails is
+    # reported by the probe with the reason).  A KINETO_LOG_LEVEL already set wins.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     from engine_adapters.probe import Probe
     from engine_adapters.reference.engine import Engine, EngineConfig, EngineError
 
@@ -255,7 +295,10 @@ def run(args: argparse.Namespace) -> int:
             )
             return 1
     engine.attach(probe)
-    print(f"rltperf engine: probe listening on tcp://{probe.address}  (attach: rltperf attach tcp://{probe.address})",
+    target = attach_target(probe.address)
+    # Line 1 is the target alone (scripts read it: `head -1`); line 2 says how to attach.
+    print(target, flush=True)
+    print(f"rltperf engine: probe listening on {probe.address}; attach: {attach_hint(target, probe.token)}",
           flush=True)  # fmt: skip
     if exporter is not None:
         from engine_adapters.wire import is_loopback
@@ -266,10 +309,11 @@ def run(args: argparse.Namespace) -> int:
             f"rltperf engine: Prometheus metrics on http://{exporter.address}/metrics ({reach})", flush=True
         )
     mc = engine.model_cfg
+    kv_note = f" ({engine.kv_raised})" if engine.kv_raised else ""
     print(
         f"model {engine.model_desc}: {mc.describe()}; {engine.model.param_count() / 1e6:.2f} M params, "
         f"{engine.dtype} on {engine.device}, {engine.threads} thread(s)\n"
-        f"exit {engine.exit_config()}, kv {engine.kv_policy}: {engine.kv.describe()}; "
+        f"exit {engine.exit_config()}, kv {engine.kv_policy}: {engine.kv.describe()}{kv_note}; "
         f"spec {engine.spec.describe() if engine.spec else 'off'}\n"
         f"workload {engine.workload.describe()} (seed {engine.seed}, tokens sha256 {engine.loadgen.tokens_sha256[:16]}…)"
         + (f"\nfault injection: stall {args.inject_stall}" if args.inject_stall else "")
@@ -301,7 +345,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        # Closing is quick unless a capture is exporting (the probe finishes it, up to
+        # 10 s): past half a second, say what the engine is waiting for.
+        waiting = threading.Timer(0.5, lambda: print(
+            "rltperf engine: stopping: waiting for the probe to finish a capture export in progress "
+            "(at most 10 s) and send its last records", flush=True))  # fmt: skip
+        waiting.daemon = True
+        waiting.start()
         probe.close(reason)  # ships the last steps and requests, then the Bye
+        waiting.cancel()
         if exporter is not None and prom_host is not None:
             exporter.close()
     t = engine.totals

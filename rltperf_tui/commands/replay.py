@@ -9,6 +9,8 @@ import sys
 from rltperf_tui.commands.attach import add_monitor_options, check_monitor_options, run_monitor
 
 HELP = "the live screen over a recording (play/pause, speed)"
+EXIT_WITHOUT_TEARDOWN = True
+"""Done, the process ends at once (``cli._exit_now``): no interpreter teardown to wait for."""
 DESCRIPTION = """\
 Play one or more recordings (`rltperf record`, or `r` in the monitor) through the same
 screen as a live target.  "Last 10 s" is data time, so the figures are the ones the

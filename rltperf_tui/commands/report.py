@@ -26,9 +26,12 @@ bundle, or a bare Chrome trace) and say what it holds:
   - the test contract from meta.json with every unknown field listed.
 
 The timings are profiled: they are not a baseline.  Exit status: 0 complete, 3 the
-report was made but the bundle is incomplete or damaged, 1 nothing to report on.
+report was made but the bundle is incomplete or damaged, 4 the bundle is complete but
+--png could not draw its charts (the report is printed all the same, the reason after
+it on stderr), 1 nothing to report on.
 JSON keys (--json) include steps_requested, steps_found, complete, problems,
-idle_fraction, idle_breakdown, top_ops, unknown_contract_fields."""
+idle_fraction, idle_breakdown, top_ops, unknown_contract_fields (and pngs, png_skipped
+or png_error with --png)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -137,19 +140,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"rltperf report: error: {exc}", file=sys.stderr)
         return 1
     rep = an.report
+    png_error = None
     if args.png:
         from rltperf_tui.analysis.plots import PlotUnavailable
 
         try:
             rep["pngs"], rep["png_skipped"] = write_pngs(an, args.png)
         except PlotUnavailable as exc:
-            print(f"rltperf report: {exc}", file=sys.stderr)
-            return 1
+            png_error = str(exc)
         except OSError as exc:
-            print(f"rltperf report: cannot write charts to {args.png}: {exc.strerror}", file=sys.stderr)
-            return 1
+            png_error = f"cannot write charts to {args.png}: {exc.strerror or exc}"
+        if png_error:
+            rep["png_error"] = png_error
+    # The report comes first whatever happened to the charts: a missing optional part
+    # costs only that part.
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
     else:
         print(render_text(rep))
-    return 0 if rep["complete"] else 3
+    if png_error:
+        sys.stdout.flush()
+        print(f"rltperf report: no charts: {png_error}", file=sys.stderr)
+    if not rep["complete"]:
+        return 3
+    return 4 if png_error else 0

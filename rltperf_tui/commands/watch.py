@@ -36,6 +36,8 @@ from rltperf_tui.commands.common import Progress, add_target_options, open_sessi
 from rltperf_tui.triggers import GRAMMAR, Fire, RuleError, TriggerSet
 
 HELP = "headless flight recorder: record every target, capture when a trigger rule fires, write a report"
+EXIT_WITHOUT_TEARDOWN = True
+"""Done, the process ends at once (``cli._exit_now``): no interpreter teardown to wait for."""
 DESCRIPTION = f"""\
 Run without a screen (load tests, CI): record each target's unprofiled stream into
 OUT (rotating .rltrec files, at most --max-recording-mb per target: the oldest file is

@@ -1,0 +1,374 @@
+"""Every command the documentation shows runs: the README's code blocks and the example
+sections of each ``--help``, extracted here, so a command added to either is covered.
+
+How a documented command becomes a runnable one (``runnable``):
+
+- placeholders become real things made by the fixtures: ``tcp://HOST:PORT`` a reference
+  engine started for this module, ``run.rltrec`` / ``base.rltrec`` / ``new.rltrec`` /
+  ``A1`` … ``B3`` recordings of it, ``snapshots/<bundle>`` / ``bundleA`` / ``bundleB``
+  captures of it; a placeholder nobody maps fails the test (add it to ``placeholders``);
+- optional parts in brackets are all included (``[--json]`` runs with ``--json``),
+  except a repeated placeholder (``[TARGET ...]``);
+- durations are shortened through their own flag: ``rltperf engine`` runs with
+  ``--duration 3`` (added when absent) and ``--listen 127.0.0.1:0`` (7788 may be taken),
+  ``rltperf record`` with ``--duration 3`` and ``-o`` a fresh file (the fixtures made
+  the one the README names, and recordings are never overwritten);
+- the monitor itself (demo, attach, replay) runs in a pseudo-terminal: it must draw,
+  still be running after a few seconds, and quit on ``q`` with status 0;
+- skipped, each with the reason printed: what needs hardware or a server this machine
+  lacks (``--device cuda``, ``vllm+http://`` targets), the installs (``pip install``,
+  ``python3 -m venv``: .ci/run runs that block verbatim on a fresh clone) and the test
+  suite itself (``python -m pytest``).
+
+Commands run one at a time in the order documented, in one scratch folder, so that
+``rltperf record … -o base.rltrec`` makes the file the next ``summary`` reads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, start_engine
+
+README = ROOT / "README.md"
+ENGINE_DURATION_S = "3"
+RECORD_DURATION_S = "3"
+TUI_COMMANDS = ("demo", "attach", "replay")
+
+
+@dataclass
+class Documented:
+    """A command as written in the documentation, and where."""
+
+    where: str
+    text: str
+
+
+def _strip_comment(line: str) -> str:
+    return re.sub(r"\s+#\s.*$", "", line).strip()
+
+
+def readme_commands(text: str | None = None) -> list[Documented]:
+    """Each command line of the README's shell code blocks (not ```python)."""
+    text = README.read_text() if text is None else text
+    out: list[Documented] = []
+    in_block = False
+    lang = ""
+    for no, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            in_block = not in_block
+            lang = line[3:].strip() if in_block else ""
+            continue
+        if not in_block or lang not in ("", "sh", "bash", "shell", "console"):
+            continue
+        cmd = _strip_comment(line.removeprefix("$ "))
+        if cmd:
+            out.append(Documented(f"README.md:{no}", cmd))
+    return out
+
+
+EXAMPLE_LINE = re.compile(r"^\s*(?:[A-Za-z][A-Za-z ]*:\s+)?(rltperf\s.+?)(?:\s{2,}\S.*)?$")
+
+
+def help_commands() -> list[Documented]:
+    """Each ``rltperf …`` line of the epilogs (example sections) of every ``--help``."""
+    import argparse
+
+    from rltperf_tui.cli import build_parser
+
+    out: list[Documented] = []
+
+    def walk(p: argparse.ArgumentParser, name: str) -> None:
+        for line in (p.epilog or "").splitlines():
+            m = EXAMPLE_LINE.match(line)
+            if m:
+                out.append(Documented(f"{name} --help", m.group(1).strip()))
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_name, sub in action.choices.items():
+                    walk(sub, f"{name} {sub_name}")
+
+    walk(build_parser(), "rltperf")
+    return out
+
+
+def expand_options(cmd: str) -> str:
+    """``[--json]`` → ``--json``; ``[TARGET ...]`` (a repeated placeholder) is dropped."""
+    while True:
+        m = re.search(r"\[([^\[\]]*)\]", cmd)
+        if not m:
+            return re.sub(r"\s+", " ", cmd).strip()
+        inner = m.group(1)
+        keep = "" if ("..." in inner or "…" in inner) else inner
+        cmd = cmd[: m.start()] + keep + cmd[m.end() :]
+
+
+def shell_segments(cmd: str) -> list[str]:
+    """``a && b && c`` → its commands."""
+    return [s.strip() for s in cmd.split("&&") if s.strip()]
+
+
+def skip_reason(argv: list[str]) -> str | None:
+    """Why a documented command cannot run in this test (None: it runs)."""
+    joined = " ".join(argv)
+    if argv[:1] == ["python3"] and "venv" in argv:
+        return "creates a virtual environment (.ci/run runs the install block verbatim on a fresh clone)"
+    if argv and argv[0].endswith("pip"):
+        return "installs packages (.ci/run runs the install block verbatim on a fresh clone)"
+    if "pytest" in argv:
+        return "the test suite itself (this test is part of it)"
+    if "vllm+http://" in joined:
+        return "needs a running vLLM server (tests/engine_adapters/vllm start one where vllm is installed)"
+    if "cuda" in argv or any(a.startswith("--device=cuda") for a in argv):
+        return "needs a CUDA device"
+    return None
+
+
+@dataclass
+class Fixtures:
+    """Real things the placeholders stand for."""
+
+    engine_target: str
+    work: Path
+    recordings: dict[str, Path]
+    bundles: dict[str, Path]
+
+    def placeholders(self) -> dict[str, str]:
+        m = {"tcp://HOST:PORT": self.engine_target, "tcp://127.0.0.1:7788": self.engine_target}
+        m.update({name: str(p) for name, p in self.recordings.items()})
+        m["snapshots/<bundle>"] = str(self.bundles["bundleA"])
+        m.update({name: str(p) for name, p in self.bundles.items()})
+        m["BUNDLE"] = str(self.bundles["bundleA"])
+        m["charts/"] = str(self.work / "charts")
+        return m
+
+
+def runnable(doc: Documented, fx: Fixtures) -> tuple[list[str] | None, str]:
+    """The argv to run for ``doc`` (``rltperf`` as this checkout's CLI), or None and why not."""
+    cmd = expand_options(doc.text)
+    for key, value in sorted(fx.placeholders().items(), key=lambda kv: -len(kv[0])):
+        cmd = re.sub(rf"(?<![\w/.+-]){re.escape(key)}(?![\w/.-])", value.replace("\\", "\\\\"), cmd)
+    argv = shlex.split(cmd)
+    if argv and argv[0].endswith("/rltperf"):  # .venv/bin/rltperf
+        argv[0] = "rltperf"
+    why = skip_reason(argv)
+    if why:
+        return None, why
+    left = [a for a in argv if re.search(r"<[^>]+>|\b[A-Z]{3,}(:[A-Z]+)?\b", a)]
+    assert not left, f"{doc.where}: placeholder(s) {left} in {doc.text!r}: map them in Fixtures.placeholders"
+    assert argv[0] == "rltperf", f"{doc.where}: not an rltperf command: {doc.text!r}"
+    if argv[1:2] == ["engine"] and "--analytic" not in argv:
+        argv = _set_flag(argv, "--duration", ENGINE_DURATION_S)
+        argv = _set_flag(argv, "--listen", "127.0.0.1:0")
+        argv = _set_flag(argv, "--snapshots", str(fx.work / "snapshots-engine"))
+    if argv[1:2] == ["record"]:
+        argv = _set_flag(argv, "--duration", RECORD_DURATION_S)
+        # recordings are never overwritten: a fresh name beside the fixtures' own
+        out = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-o", "--output")), "out.rltrec")
+        argv = _set_flag(argv, "-o", str(fx.work / f"documented-{len(os.listdir(fx.work))}-{Path(out).name}"))
+    return argv, ""
+
+
+def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    if flag in argv:
+        i = argv.index(flag)
+        return [*argv[: i + 1], value, *argv[i + 2 :]]
+    return [*argv, flag, value]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="160", LINES="48", TERM="xterm-256color")
+
+
+def run_cli(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *argv[1:]], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def run_tui(
+    argv: list[str], cwd: Path, settle_s: float = 4.0, start_timeout: float = 90.0
+) -> tuple[int, str]:
+    """Run a monitor command in a pseudo-terminal: wait for its screen, let it run
+    ``settle_s``, press ``q``; returns (exit status, everything it drew)."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the monitor, as a person starts it in a terminal
+        os.chdir(cwd)
+        os.execve(sys.executable, [sys.executable, "-m", "rltperf_tui.cli", *argv[1:]], _env())
+    buf = bytearray()
+
+    def pump(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            r, _, _ = select.select([fd], [], [], 0.1)
+            if r:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                buf.extend(chunk)
+
+    try:
+        deadline = time.monotonic() + start_timeout
+        while time.monotonic() < deadline and b"\x1b[?1049h" not in buf:  # the app's alternate screen
+            pump(0.5)
+            if os.waitpid(pid, os.WNOHANG) != (0, 0):
+                return -1, buf.decode("utf-8", "replace")
+        assert b"\x1b[?1049h" in buf, f"no screen within {start_timeout} s: {buf[-2000:]!r}"
+        pump(settle_s)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status), buf.decode("utf-8", "replace")
+        os.write(fd, b"q")
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            pump(0.3)
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status), buf.decode("utf-8", "replace")
+        raise AssertionError(f"{argv}: still running 30 s after q")
+    finally:
+        with __import__("contextlib").suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+
+
+def _capture(target: str, cwd: Path) -> Path:
+    p = run_cli(["rltperf", "capture", target, "--steps", "4", "--mode", "ops"], cwd, timeout=180)
+    assert p.returncode == 0, p.stderr
+    return Path(p.stdout.strip().splitlines()[0])
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixtures]:
+    work = tmp_path_factory.mktemp("documented")
+    eng = start_engine(
+        [
+            "-m",
+            "rltperf_tui.cli",
+            "engine",
+            "--listen",
+            "127.0.0.1:0",
+            "--workload",
+            "closed:4,in=32,out=16",
+            "--duration",
+            "600",
+            "--snapshots",
+            str(work / "snapshots"),
+        ],
+        cwd=work,
+    )
+    try:
+        recs = {name: work / name for name in ("base.rltrec", "new.rltrec")}
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "rltperf_tui.cli",
+                    "record",
+                    eng.target,
+                    "--duration",
+                    RECORD_DURATION_S,
+                    "-q",
+                    "-o",
+                    str(p),
+                ],
+                cwd=work,
+                env=_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for p in recs.values()
+        ]
+        for pr in procs:
+            _, err = pr.communicate(timeout=120)
+            assert pr.returncode == 0, err
+        for i, name in enumerate(("run.rltrec", "A1", "B1", "A2", "B2", "A3", "B3")):
+            src = recs["base.rltrec" if i % 2 else "new.rltrec"]
+            recs[name] = work / (name if name.endswith(".rltrec") else f"{name}.rltrec")
+            shutil.copyfile(src, recs[name])
+        bundles = {"bundleA": _capture(eng.target, work), "bundleB": _capture(eng.target, work)}
+        yield Fixtures(eng.target, work, recs, bundles)
+    finally:
+        eng.stop()
+
+
+def documented() -> list[Documented]:
+    seen: set[str] = set()
+    out = []
+    for d in readme_commands() + help_commands():
+        for seg in shell_segments(d.text):
+            if seg not in seen:
+                seen.add(seg)
+                out.append(Documented(d.where, seg))
+    return out
+
+
+def test_extraction_finds_the_known_commands() -> None:
+    """The extractor sees what a reader sees (guards against a silently empty list)."""
+    texts = [d.text for d in documented()]
+    for must in (".venv/bin/rltperf demo", "rltperf engine --workload rate-4096:0.5 --duration 60",
+                 "rltperf report snapshots/<bundle> [--json] [--png charts/]",
+                 "rltperf engine --preset ouro-1.4b-shape --analytic"):  # fmt: skip
+        assert must in texts, texts
+    assert expand_options("rltperf attach tcp://H:1 [TARGET ...] [--slo-ttft-ms 200 --slo-tpot-ms 50]") == (
+        "rltperf attach tcp://H:1 --slo-ttft-ms 200 --slo-tpot-ms 50"
+    )
+
+
+@pytest.mark.slow
+def test_every_documented_command_runs(fixtures: Fixtures) -> None:
+    ran: list[str] = []
+    skipped: list[str] = []
+    failures: list[str] = []
+    t_all = time.monotonic()
+    done: set[tuple[str, ...]] = set()
+    for doc in documented():
+        argv, why = runnable(doc, fixtures)
+        if argv is None:
+            skipped.append(f"{doc.where}: {doc.text!r}: {why}")
+            continue
+        if tuple(argv) in done:  # `.venv/bin/rltperf demo` and `rltperf demo` run once
+            continue
+        done.add(tuple(argv))
+        t0 = time.monotonic()
+        if argv[1] in TUI_COMMANDS:
+            rc, out = run_tui(argv, fixtures.work)
+            bad = rc != 0 or "Traceback" in out
+            detail = out[-1500:]
+        else:
+            p = run_cli(argv, fixtures.work, timeout=180)
+            rc, out = p.returncode, p.stdout
+            bad = rc != 0 or "Traceback" in p.stderr
+            detail = f"stdout: {p.stdout[-800:]}\nstderr: {p.stderr[-1500:]}"
+            if argv[1] == "engine" and "--analytic" not in argv and not bad:
+                # it ran: the target first, steps made, stopped by the (shortened) duration
+                first = out.splitlines()[0] if out else ""
+                bad = not first.startswith("tcp://") or "duration reached" not in out or " 0 steps" in out
+        ran.append(f"{time.monotonic() - t0:5.1f} s  {shlex.join(argv)}")
+        if bad:
+            failures.append(f"{doc.where}: {doc.text!r} ran as {shlex.join(argv)}: exit {rc}\n{detail}")
+    print(f"\nran {len(ran)} documented commands in {time.monotonic() - t_all:.0f} s:")
+    print("\n".join(ran))
+    print(f"skipped {len(skipped)}:")
+    print("\n".join(skipped))
+    assert not failures, "\n\n".join(failures)
