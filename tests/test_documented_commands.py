@@ -30,7 +30,6 @@ import os
 import re
 import select
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -276,9 +275,14 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixtures]:
         cwd=work,
     )
     try:
-        recs = {name: work / name for name in ("base.rltrec", "new.rltrec")}
-        procs = [
-            subprocess.Popen(
+        # every recording its own (compare refuses a copy as a second round), started a
+        # moment apart so no two hold the same stream
+        names = ("base.rltrec", "new.rltrec", "run.rltrec", "A1", "B1", "A2", "B2", "A3", "B3")
+        recs = {n: work / (n if n.endswith(".rltrec") else f"{n}.rltrec") for n in names}
+        procs = []
+        for p in recs.values():
+            time.sleep(0.3)
+            procs.append(subprocess.Popen(
                 [
                     sys.executable,
                     "-m",
@@ -296,16 +300,10 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixtures]:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
-            )
-            for p in recs.values()
-        ]
+            ))  # fmt: skip
         for pr in procs:
             _, err = pr.communicate(timeout=120)
             assert pr.returncode == 0, err
-        for i, name in enumerate(("run.rltrec", "A1", "B1", "A2", "B2", "A3", "B3")):
-            src = recs["base.rltrec" if i % 2 else "new.rltrec"]
-            recs[name] = work / (name if name.endswith(".rltrec") else f"{name}.rltrec")
-            shutil.copyfile(src, recs[name])
         bundles = {"bundleA": _capture(eng.target, work), "bundleB": _capture(eng.target, work)}
         yield Fixtures(eng.target, work, recs, bundles)
     finally:
