@@ -360,6 +360,8 @@ class CaptureView:
     requested_ns: int = 0
     note: str | None = None
     """From ``CaptureDone.note``: e.g. the engine could not honour the requested mode."""
+    trigger: str | None = None
+    """The trigger rule (and value) that asked for this capture; None: a key press."""
 
 
 @dataclass
@@ -1014,6 +1016,23 @@ class TargetStats:
         for i, nm in enumerate(self.stage_names[:MAX_STAGES]):
             if m[:, h + i].any():
                 out["stage_ms"][nm] = per_step[:, h + i]
+        return out
+
+    def flagged_buckets(self, t0_ns: int, bucket_s: float, buckets: int) -> np.ndarray:
+        """Per timeline bucket (``timeline()``'s ``t0_ns`` and ``bucket_s``): 1 where a
+        step ending in it was profiled, exporting or warm-up (not baseline), else 0."""
+        out = np.zeros(buckets, dtype=np.int8)
+        n = len(self.steps)
+        if not n:
+            return out
+        end = self.steps.last("end")
+        lo = int(np.searchsorted(end, t0_ns, side="left"))
+        flags = self.steps.last("flags")[lo:]
+        hit = (flags & F.EXCLUDED_FLAGS) != 0
+        if hit.any():
+            cols = ((end[lo:][hit] - t0_ns) // int(bucket_s * 1e9)).astype(np.int64)
+            cols = cols[(cols >= 0) & (cols < buckets)]
+            out[cols] = 1
         return out
 
     def idle_gaps(

@@ -27,6 +27,7 @@ import os
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -45,10 +46,11 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from engine_adapters.base import Adapter, AdapterError, Session
 from engine_adapters.recording import RecordingError, RecordingWriter
-from engine_adapters.records import Ceiling, Record, SessionEvent, StageTable
+from engine_adapters.records import Ceiling, Record, SessionEvent, StageTable, StepRecord
 from engine_adapters.registry import adapter_for
 from rltperf_tui import tune_gc_for_ingest
 from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.triggers import STEP_FIGURES, Fire, TriggerSet
 from rltperf_tui.widgets.panel import PanelContext
 from rltperf_tui.widgets.status_bar import StatusBar, StatusInfo
 from rltperf_tui.widgets.target_column import TargetColumn
@@ -115,6 +117,10 @@ class TargetHandle:
         self.dirty = True
         self.last_heard = time.monotonic()
         """Monitor time the newest batch of this target's records arrived."""
+        self.triggers: TriggerSet | None = None
+        """Trigger rules of this target (``--trigger``), with their state."""
+        self.fire_marks: deque[int] = deque(maxlen=64)
+        """Probe times at which a trigger asked for a capture (the timeline marks them)."""
 
     @property
     def live(self) -> bool:
@@ -170,12 +176,15 @@ class RecordsBatch(Message):
 class CaptureRequested(Message):
     """A capture request reached a target's engine."""
 
-    def __init__(self, index: int, capture_id: str, mode: str, steps: int) -> None:
+    def __init__(
+        self, index: int, capture_id: str, mode: str, steps: int, trigger: str | None = None
+    ) -> None:
         super().__init__()
         self.index = index
         self.capture_id = capture_id
         self.mode = mode
         self.steps = steps
+        self.trigger = trigger
 
 
 class TargetProblem(Message):
@@ -207,6 +216,7 @@ class MonitorApp(App[int]):
         Binding("right_square_bracket", "double_steps", "Nx2", key_display="]"),
         Binding("space", "toggle_pause", "pause"),
         Binding("r", "toggle_record", "record"),
+        Binding("t", "toggle_triggers", "triggers", tooltip="arm / disarm the --trigger rules"),
         Binding("question_mark", "help", "help", key_display="?"),
         Binding("q", "quit", "quit"),
         # no text to copy here: Ctrl-C quits, as a person over SSH expects
@@ -233,6 +243,11 @@ class MonitorApp(App[int]):
         wait: bool = True,
         history_steps: int = 32768,
         child_check: Callable[[], str | None] | None = None,
+        triggers: Sequence[str] = (),
+        trigger_all: bool = False,
+        trigger_cooldown_s: float = 30.0,
+        trigger_max: int = 5,
+        trigger_mode: str = "ops",
     ) -> None:
         super().__init__()
         tune_gc_for_ingest()
@@ -260,7 +275,14 @@ class MonitorApp(App[int]):
             stats = TargetStats(capacity=max(1024, history_steps), peak_override=override)
             if spec.session is None:
                 stats.state_detail = f"connecting to {spec.target}"
-            self.handles.append(TargetHandle(i, spec, stats))
+            handle = TargetHandle(i, spec, stats)
+            if triggers:
+                handle.triggers = TriggerSet.parse(
+                    triggers, cooldown_s=trigger_cooldown_s, max_captures=trigger_max
+                )
+            self.handles.append(handle)
+        self.trigger_all = trigger_all
+        self.trigger_mode = trigger_mode
         self._columns: list[TargetColumn] = []
         self._status_bar: StatusBar | None = None
         self._event_loop: asyncio.AbstractEventLoop | None = None
@@ -370,8 +392,13 @@ class MonitorApp(App[int]):
     def on_records_batch(self, message: RecordsBatch) -> None:
         h = self.handles[message.index]
         h.last_heard = time.monotonic()
+        trig = h.triggers
         try:
             h.stats.add(message.records)
+            if trig is not None and h.live and any(r.figure in STEP_FIGURES for r in trig.rules):
+                steps = [r for r in message.records if isinstance(r, StepRecord)]
+                if steps:
+                    self._act_on_fires(h, trig.check_steps(steps, busy=self._capture_running(h)))
         finally:
             if message.slot:
                 h.handled += 1
@@ -386,6 +413,8 @@ class MonitorApp(App[int]):
             h.stats.note_capture_request(
                 message.capture_id, message.mode, message.steps, time.perf_counter_ns()
             )
+        if message.trigger:
+            h.stats.captures[message.capture_id].trigger = message.trigger
         h.dirty = True
 
     def on_target_problem(self, message: TargetProblem) -> None:
@@ -443,10 +472,15 @@ class MonitorApp(App[int]):
 
     def _panel_context(self, h: TargetHandle, now: float) -> PanelContext:
         st = h.stats
+        window = st.window(self.window_s, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms)
+        trig = h.triggers
+        window_rules = trig is not None and any(not r.per_step for r in trig.rules)
+        if trig is not None and window_rules and h.live and st.steps.n and self._silent_s(h, now) is None:
+            self._act_on_fires(h, trig.check_window(window, st.vouched_ns, busy=self._capture_running(h)))
         return PanelContext(
             target=h.target,
             stats=st,
-            window=st.window(self.window_s, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms),
+            window=window,
             window_s=self.window_s,
             timeline_s=self.timeline_s,
             slo_ttft_ms=self.slo_ttft_ms,
@@ -461,6 +495,8 @@ class MonitorApp(App[int]):
             replay=h.replay_text(),
             waiting_text=h.spec.waiting_text,
             silent_s=self._silent_s(h, now),
+            triggers=trig.status() if trig is not None else None,
+            fire_marks=list(h.fire_marks),
         )
 
     def _status(self) -> StatusInfo:
@@ -564,16 +600,63 @@ class MonitorApp(App[int]):
         if skipped:
             self.notify("not captured: " + ", ".join(skipped), severity="warning", timeout=5)
 
-    def _request_capture(self, h: TargetHandle, mode: str, steps: int) -> None:
+    def _request_capture(self, h: TargetHandle, mode: str, steps: int, fire: Fire | None = None) -> None:
         session = h.session
         if session is None:
             return
         try:
-            cid = session.request_capture(steps, mode)
+            if fire is None:
+                cid = session.request_capture(steps, mode)
+            else:
+                cid = session.request_capture(steps, mode, f"trigger-{fire.rule.figure}")
         except AdapterError as exc:
             self.post_message(TargetProblem(h.index, f"capture not requested: {exc}"))
             return
-        self.post_message(CaptureRequested(h.index, cid, mode, steps))
+        trigger = f"{fire.rule.text} ({fire.value:.4g})" if fire is not None else None
+        self.post_message(CaptureRequested(h.index, cid, mode, steps, trigger))
+
+    # -- triggers ----------------------------------------------------------------------------
+
+    def _capture_running(self, h: TargetHandle) -> bool:
+        return any(
+            c.state in ("requested", "armed", "capturing", "exporting") for c in h.stats.captures.values()
+        )
+
+    def _act_on_fires(self, h: TargetHandle, fires: list[Fire]) -> None:
+        """Ask for a capture for each fire that may capture (``TriggerSet`` decided)."""
+        for f in fires:
+            if not f.captured:
+                continue
+            targets = [x for x in self.handles if x.live and x.supports_capture] if self.trigger_all else [h]
+            for x in targets:
+                if x.session is None or x.stats.state != "connected":
+                    continue
+                self.run_worker(
+                    partial(self._request_capture, x, self.trigger_mode, self.capture_steps, f),
+                    name=f"trigger capture {x.target}",
+                    group=f"capture-{x.index}",
+                    thread=True,
+                    exit_on_error=False,
+                )
+            self.notify(
+                f"{h.target}: {f.rule.text} fired ({f.value:.4g}): {self.trigger_mode} capture of "
+                f"{self.capture_steps} steps",
+                timeout=4,
+            )
+            h.fire_marks.append(f.ts_ns)
+
+    def action_toggle_triggers(self) -> None:
+        """Arm or disarm the triggers given on the command line."""
+        sets = [h.triggers for h in self.handles if h.triggers is not None]
+        if not sets:
+            self.notify("no triggers: start with --trigger RULE (e.g. 'step_ms>150')", severity="warning")
+            return
+        armed = not sets[0].armed
+        for t in sets:
+            t.armed = armed
+        self.notify(f"triggers {'armed' if armed else 'disarmed'}", timeout=3)
+        for h in self.handles:
+            h.dirty = True
 
     def action_halve_steps(self) -> None:
         """Halve the capture length N."""

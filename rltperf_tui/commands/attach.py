@@ -50,6 +50,17 @@ def add_monitor_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--history", type=int, default=32768, metavar="STEPS",
                    help="step records kept per target (memory is bounded by this; default 32768)")  # fmt: skip
     g.add_argument("--record-dir", default=".", metavar="DIR", help="where `r` writes recordings (default .)")
+    t = p.add_argument_group("triggers (captures that start themselves; t arms/disarms)")
+    t.add_argument("--trigger", action="append", default=[], metavar="RULE",
+                   help="capture N steps when RULE holds, e.g. 'step_ms>150', 'gap_ms>50', 'idle>0.3', "
+                        "'mbu<0.2', 'step_p99_ms>40', 'ttft_p99_ms>500' (repeatable; see rltperf watch --help)")  # fmt: skip
+    t.add_argument(
+        "--trigger-all", action="store_true", help="a fire captures on every target, not only its own"
+    )
+    t.add_argument("--trigger-cooldown", type=float, default=30.0, metavar="S",
+                   help="no triggered capture within S seconds of the last (default 30)")  # fmt: skip
+    t.add_argument("--trigger-max", type=int, default=5, metavar="K",
+                   help="triggered captures at most, per target (default 5)")  # fmt: skip
 
 
 def check_monitor_options(args: argparse.Namespace, prog: str) -> str | None:
@@ -66,6 +77,15 @@ def check_monitor_options(args: argparse.Namespace, prog: str) -> str | None:
             return f"--{name.replace('_', '-')} must be positive"
     if args.history < 1024:
         return "--history must be at least 1024 steps"
+    if getattr(args, "trigger", None):
+        from rltperf_tui.triggers import RuleError, TriggerSet
+
+        try:
+            TriggerSet.parse(args.trigger)
+        except RuleError as exc:
+            return str(exc)
+        if args.trigger_cooldown < 0 or args.trigger_max < 0:
+            return "--trigger-cooldown and --trigger-max must not be negative"
     return None
 
 
@@ -82,6 +102,10 @@ def monitor_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "peak_gflops": args.peak_gflops,
         "history_steps": args.history,
         "record_dir": args.record_dir,
+        "triggers": list(getattr(args, "trigger", []) or []),
+        "trigger_all": bool(getattr(args, "trigger_all", False)),
+        "trigger_cooldown_s": float(getattr(args, "trigger_cooldown", 30.0)),
+        "trigger_max": int(getattr(args, "trigger_max", 5)),
     }
 
 

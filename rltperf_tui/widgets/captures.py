@@ -44,6 +44,9 @@ class CapturesPanel(Panel):
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         caps = list(ctx.stats.captures.values())[::-1]
         ln = Lines()
+        if ctx.triggers:
+            ln.add("triggers ", "$text-muted").add(ctx.triggers, "bold $accent").nl()
+            height -= 1
         if not caps:
             if not ctx.live:
                 ln.add("a recording: captures need a live engine", "$text-muted")
@@ -79,6 +82,8 @@ class CapturesPanel(Panel):
             if c.cold:
                 head.append((" (cold profiler)", "$warning"))
             lines.append(head)
+            if c.trigger:
+                lines.append([("  triggered by ", "$text-muted"), (c.trigger, "bold $accent")])
             if c.state == "saved":
                 lines.append([(f"  trace {size(c.trace_bytes)} · {c.events or 0:,} events", "")])
             if c.state in ("failed", "refused"):

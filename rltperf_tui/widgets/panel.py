@@ -60,6 +60,10 @@ class PanelContext:
     waiting_text: str = ""
     """Shown instead of the connection error while the target has never answered
     (the demo: "starting the engine")."""
+    triggers: str | None = None
+    """The trigger rules' state line (``--trigger``), or None without triggers."""
+    fire_marks: list[int] = field(default_factory=list)
+    """Probe times at which a trigger asked for a capture."""
     silent_s: float | None = None
     """Seconds this connected live target has sent nothing, not even its heartbeat, when
     that is longer than a heartbeat allows (hung or cut off); None otherwise.  The

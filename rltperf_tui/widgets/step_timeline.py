@@ -127,10 +127,30 @@ class StepTimeline(Panel):
         garr = np.asarray(gap_ms, dtype=np.float64)
         gmax = float(np.nanmax(garr)) if np.isfinite(garr).any() else None
         ln.add("gap".rjust(AXIS_W - 1) + "┤", "$text-muted")
-        ln.add(spark(gap_ms, gmax), "$warning")
+        # buckets that held profiled/exporting steps (P) or a trigger's fire (▲) are
+        # marked on the gap row: their figures are not the engine's baseline
+        gap_cells = list(spark(gap_ms, gmax))
+        marks = st.flagged_buckets(tl["t0_ns"], tl["bucket_s"], cols)
+        bucket_ns = tl["bucket_s"] * 1e9
+        for t in ctx.fire_marks:
+            c = int((t - tl["t0_ns"]) // bucket_ns)
+            if 0 <= c < cols:
+                marks[c] = 2
+        if marks.any():
+            for c, cell in enumerate(gap_cells):
+                if marks[c] == 2:
+                    ln.add("▲", "bold $error")
+                elif marks[c] == 1:
+                    ln.add("P", "bold $accent")
+                else:
+                    ln.add(cell, "$warning")
+        else:
+            ln.add("".join(gap_cells), "$warning")
         ln.nl()
         left = f"-{ctx.timeline_s:g} s"
         right = f"now · gap max {ms(gmax)} ms" if gmax is not None else "now"
+        if marks.any():
+            right = ("▲ trigger · " if (marks == 2).any() else "") + "P profiled · " + right
         if clipped.any():
             right = f"↑ {ms(peak)} ms · " + right
         pad = max(1, cols - len(left) - len(right))
