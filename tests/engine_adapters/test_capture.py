@@ -135,7 +135,10 @@ def test_second_capture_while_one_runs_is_refused(engine):
 
 def test_bad_capture_requests_get_clear_errors(engine):
     out = run_rltperf("capture", engine.target, "--steps", "100000", "--mode", "ops")
-    assert out.returncode == 1 and "out of range" in out.stderr
+    # refused before anything is asked of the engine (issue 14): nothing says "armed"
+    assert out.returncode == 2 and "out of range: 1 to 1024" in out.stderr and "armed" not in out.stderr
+    out = run_rltperf("capture", "--help")
+    assert "1 to 1024" in out.stdout
     out = run_rltperf("capture", "tcp://127.0.0.1:1", "--steps", "5")
     assert out.returncode == 1 and "connection refused" in out.stderr and "Traceback" not in out.stderr
 
