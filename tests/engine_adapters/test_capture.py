@@ -196,3 +196,37 @@ def test_capture_into_unwritable_root_fails_clearly_and_engine_runs(tmp_path, ki
     finally:
         if mounted:
             subprocess.run(["umount", str(root)], capture_output=True)
+
+
+def test_capture_command_refused_while_another_runs_never_says_armed(engine):
+    """Issue 14: a second concurrent capture printed "armed" before "failed: a capture
+    is already running"."""
+    s = ProbeAdapter(engine.target, reconnect=False).connect()
+    try:
+        cid = s.request_capture(1000, "ops")
+        deadline = time.monotonic() + 30
+        started = False
+        while not started and time.monotonic() < deadline:
+            started = any(getattr(r, "capture_id", None) == cid for r in s.read(0.1))
+        assert started
+        out = run_rltperf("capture", engine.target, "--steps", "4", "--mode", "ops")
+        assert out.returncode == 1 and "already running" in out.stderr, out.stderr
+        assert "armed" not in out.stderr
+        deadline = time.monotonic() + 120
+        done = None
+        while done is None and time.monotonic() < deadline:  # let the long one finish
+            done = next((r for r in s.read(0.2) if isinstance(r, (CaptureDone, CaptureFailed))), None)
+        assert isinstance(done, CaptureDone)
+    finally:
+        s.close()
+
+
+def test_capture_command_without_a_terminal_prints_state_changes_only(engine):
+    """Issue 14: without a terminal, N=64 printed 64 progress lines."""
+    out = run_rltperf("capture", engine.target, "--steps", "64", "--mode", "ops")
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    capturing = [x for x in lines if "capturing" in x]
+    assert 1 <= len(capturing) <= 2, lines  # "capturing from step k", then one "k/64" line
+    assert sum("armed" in x for x in lines) == 1 and sum("exporting" in x for x in lines) <= 1
+    assert len(lines) <= 6, lines
