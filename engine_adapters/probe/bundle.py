@@ -191,7 +191,7 @@ def _export_forked(job: CaptureJob, tmp: str, sort: str) -> dict[str, Any] | Non
     The child is a copy of the engine taken after the profiler stopped: it holds the
     profiler's results and needs nothing from the engine's other threads (the locks it
     touches are malloc's and logging's, both reset across fork; it never touches CUDA).
-    It runs at a lower priority, writes its result as JSON and leaves with ``os._exit``.
+    It runs at a lower priority (nice +5: the engine first; +10 starved it to minutes of export on a loaded 2-core box), writes its result as JSON and leaves with ``os._exit``.
     None when fork fails or the child dies or hangs without a result: the caller then
     exports in-thread, which is correct, only slow for the engine.
     """
@@ -205,7 +205,7 @@ def _export_forked(job: CaptureJob, tmp: str, sort: str) -> dict[str, Any] | Non
         code = 3
         try:
             try:
-                os.nice(10)
+                os.nice(5)
             except OSError:
                 pass
             res = _write_trace_files(job, tmp, sort)

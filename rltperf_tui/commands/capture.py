@@ -39,7 +39,13 @@ after the engine's idle timeout with a partial bundle (said on stderr; exit stat
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", help="tcp://HOST:PORT or vllm+http://HOST:PORT")
-    p.add_argument("--steps", type=int, default=8, metavar="N", help=f"complete steps to capture, 1 to {MAX_CAPTURE_STEPS} (default 8)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=8,
+        metavar="N",
+        help=f"complete steps to capture, 1 to {MAX_CAPTURE_STEPS} (default 8)",
+    )
     p.add_argument("--mode", choices=("ops", "full"), default="ops", help="ops (default) or full")
     p.add_argument("--label", default=None, help="label added to the bundle folder name")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -51,7 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not 1 <= args.steps <= MAX_CAPTURE_STEPS:
-        print(f"rltperf capture: error: --steps {args.steps} out of range: 1 to {MAX_CAPTURE_STEPS}", file=sys.stderr)
+        print(
+            f"rltperf capture: error: --steps {args.steps} out of range: 1 to {MAX_CAPTURE_STEPS}",
+            file=sys.stderr,
+        )
         return 2
     _, session = open_session(args.target, **target_options(args, reconnect=False))
     prog = Progress(sys.stderr.isatty() or not args.json)

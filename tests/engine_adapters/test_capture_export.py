@@ -10,7 +10,6 @@ and the engine's steps/s during the export at 0.2-0.5 of before.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -54,7 +53,8 @@ def _export_figures(target: str, mode: str) -> dict[str, float]:
     return {
         "base_s": base,
         "longest_s": max((r.end_ns - r.start_ns) / 1e9 for r in during),
-        "rate_ratio": (len(inside) / (w1 - w0)) / (len(before) / ((before[-1].end_ns - before[0].start_ns) or 1)),
+        "rate_ratio": (len(inside) / (w1 - w0))
+        / (len(before) / ((before[-1].end_ns - before[0].start_ns) or 1)),
         "export_s": cap["export_s"],
         "export_in": cap.get("export_in") or "thread",
     }

@@ -27,6 +27,7 @@ from engine_adapters.records import (
 )
 from engine_adapters.tcp import ProbeAdapter, ProbeSession
 from engine_adapters.wire import encode
+from tests.conftest import run_rltperf
 
 
 class PacedEngine:
@@ -143,6 +144,9 @@ def test_window_of_an_engine_that_goes_quiet_ends_partial_and_the_next_capture_r
         assert cap["steps_captured"] == done.steps_captured == len(cap["step_ids"])
         rows = [json.loads(x) for x in (Path(done.bundle) / "steps.jsonl").read_text().splitlines()]
         assert [r["step_id"] for r in rows if r["window"] == "captured"] == cap["step_ids"]
+        rep = run_rltperf("report", done.bundle)
+        top = rep.stdout.splitlines()[:6]
+        assert any(x.startswith("PARTIAL: ") and "no step" in x for x in top), rep.stdout[:800]
 
         # the next request is accepted while the engine is still quiet ...
         cid2 = s.request_capture(4, "ops")
@@ -156,7 +160,9 @@ def test_window_of_an_engine_that_goes_quiet_ends_partial_and_the_next_capture_r
         assert done2.steps_captured == 4 and done2.note is None
         with gzip.open(Path(done2.bundle) / "trace.json.gz", "rt") as f:
             events = json.load(f)["traceEvents"]
-        spans = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+        spans = [
+            e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+        ]
         assert len(spans) == 4
         assert json.loads((Path(done2.bundle) / "meta.json").read_text())["capture"]["complete"] is True
     finally:
