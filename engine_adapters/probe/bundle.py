@@ -231,13 +231,13 @@ def _export_forked(job: CaptureJob, tmp: str, sort: str) -> dict[str, Any] | Non
         time.sleep(0.02)
     try:
         with open(result, encoding="utf-8") as f:
-            res: dict[str, Any] = json.load(f)
+            got: dict[str, Any] = json.load(f)
         os.unlink(result)
     except (OSError, ValueError):
         log.warning("export child ended without a result (status %d): exporting in-thread", status)
         return None
-    res["where"] = "child"
-    return res
+    got["where"] = "child"
+    return got
 
 
 def _count_trace(path: str) -> tuple[int, int]:
