@@ -234,6 +234,11 @@ def _export_forked(job: CaptureJob, tmp: str, sort: str) -> dict[str, Any] | Non
             got: dict[str, Any] = json.load(f)
         os.unlink(result)
     except (OSError, ValueError):
+        for leftover in (result, result + ".part"):  # never sealed into the bundle
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
         log.warning("export child ended without a result (status %d): exporting in-thread", status)
         return None
     got["where"] = "child"

@@ -62,6 +62,7 @@ def test_capture_bundle_has_exactly_n_steps(engine, mode):
     assert cap["trace_bytes"] == (bundle / "trace.json.gz").stat().st_size == res["trace_bytes"]
     assert cap["events"] == len(events) == res["events"]
     assert cap["error"] is None and cap["cold"] is False
+    assert cap["complete"] is True and cap["export_in"] == "child"  # off the engine's GIL
     assert meta["profiled"] is True and meta["contract"]["profiled"] is True
     # every contract field is present, with a value or "unknown: <why>"
     for key in CONTRACT_FIELDS:
@@ -230,3 +231,23 @@ def test_capture_command_without_a_terminal_prints_state_changes_only(engine):
     assert 1 <= len(capturing) <= 2, lines  # "capturing from step k", then one "k/64" line
     assert sum("armed" in x for x in lines) == 1 and sum("exporting" in x for x in lines) <= 1
     assert len(lines) <= 6, lines
+
+
+def test_in_thread_export_fallback_writes_the_same_bundle(tmp_path):
+    """Without fork (``RLTPERF_EXPORT_FORK=0``, or when the child dies) the export runs
+    in the engine's thread as before: slower for the engine, the same bundle."""
+    eng = start_engine(
+        [str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(tmp_path)],
+        env={"RLTPERF_EXPORT_FORK": "0"},
+    )
+    try:
+        out = run_rltperf("capture", eng.target, "--steps", "4", "--mode", "full", "--json")
+    finally:
+        eng.stop()
+    assert out.returncode == 0, out.stderr
+    bundle = Path(json.loads(out.stdout)["bundle"])
+    meta = json.loads((bundle / "meta.json").read_text())["capture"]
+    assert meta["export_in"] == "thread" and meta["complete"] is True and meta["steps_captured"] == 4
+    spans = [e for e in _trace_events(bundle) if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+    assert len(spans) == 4 and "Input Shapes" in (bundle / "ops.txt").read_text()
+    assert not list(bundle.glob(".export-result*"))
