@@ -138,6 +138,13 @@ class ClientHello(_Rec, tag="chello", frozen=True):
     """Shared secret; required when the probe listens on a non-loopback address."""
 
 
+MAX_CAPTURE_STEPS = 1024
+"""Largest capture window (N) anyone accepts: the probe, the vLLM path, the monitor, the
+command.  Captures are meant to be small; 1024 decode steps is already seconds of trace."""
+CAPTURE_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"
+"""What a ``Capture.capture_id`` may be (it becomes part of file names on the engine host)."""
+
+
 class Capture(_Rec, tag="capture", frozen=True):
     """Ask the engine for a bounded profiler capture of ``steps`` complete steps."""
 

@@ -639,7 +639,9 @@ class TargetStats:
                 r.steps,
             )
         elif isinstance(r, CaptureProgress):
-            c.state, c.steps_done = "capturing", r.steps_done
+            # 0 of N before the window started: the engine's acknowledgement (armed)
+            armed = r.steps_done == 0 and c.first_step is None
+            c.state, c.steps_done = ("armed" if armed else "capturing"), r.steps_done
         elif isinstance(r, CaptureExporting):
             c.state, c.exporting_since_ns, c.steps_done = "exporting", r.since_ns, c.steps
         elif isinstance(r, CaptureDone):

@@ -46,7 +46,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from engine_adapters.base import Adapter, AdapterError, Session
 from engine_adapters.recording import RecordingError, RecordingWriter
-from engine_adapters.records import Ceiling, Record, SessionEvent, StageTable, StepRecord
+from engine_adapters.records import MAX_CAPTURE_STEPS, Ceiling, Record, SessionEvent, StageTable, StepRecord
 from engine_adapters.registry import adapter_for
 from rltperf_tui import tune_gc_for_ingest
 from rltperf_tui.aggregator import TargetStats
@@ -67,11 +67,9 @@ READ_S = 0.05
 """Longest single blocking read of a session (the worker checks for cancellation between)."""
 FLUSH_S = 1.0
 """Recordings are flushed to the OS about this often."""
-MAX_CAPTURE_STEPS = 4096
 HUNG_AFTER_S = 3.5
 """A probe target that sends nothing (not even its ~1 s heartbeat) this long is shown
 as hung, its figures as stale."""
-"""Upper bound of N for ``]``."""
 
 
 @dataclass

@@ -8,6 +8,13 @@ exactly one ``ProfilerStep#k`` span per captured step (without a schedule, torch
 export (operator table, Chrome trace, bundle) runs in its own thread; the steps that
 overlap it are flagged ``FLAG_EXPORTING`` by the publisher.
 
+A window whose engine stops stepping (an idle server between bursts) ends after
+``idle_timeout_s`` without a step: a partial bundle (``complete: false``, the reason in
+``meta.json``, the steps that ran) is written and the next request is accepted.  The
+profiler itself can only be stopped on the thread that started it (torch keeps its state
+thread-local: a stop from another thread finds "no active profiling session"), so the
+engine's next step stops it, before anything else, and its trace is discarded.
+
 Modes: ``ops`` = CPU (+ CUDA) activities, no shapes, memory or stacks; ``full`` =
 ``record_shapes``, ``profile_memory`` and ``with_stack`` all on.
 """
@@ -15,6 +22,7 @@ Modes: ``ops`` = CPU (+ CUDA) activities, no shapes, memory or stacks; ``full`` 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -23,8 +31,10 @@ from time import perf_counter_ns as _clk
 from typing import TYPE_CHECKING, Any
 
 from engine_adapters.records import (
+    CAPTURE_ID_PATTERN,
     FLAG_PROFILED,
     FLAG_PROFILER_WARMUP,
+    MAX_CAPTURE_STEPS,
     Capture,
     CaptureExporting,
     CaptureFailed,
@@ -38,11 +48,48 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rltperf.probe.capture")
 
-MAX_CAPTURE_STEPS = 1024
-"""Largest window accepted: captures are meant to be small (the seeds' discipline)."""
+__all__ = ["MAX_CAPTURE_STEPS", "CaptureController", "CaptureJob", "capture_id_problem", "sanitize_label"]
+
 ARM_TIMEOUT_S = 60.0
 """An armed capture whose engine runs no step for this long fails."""
+IDLE_TIMEOUT_S = 5.0
+"""Default: a window whose engine runs no step for this long ends with a partial bundle."""
+SNAPSHOT_BUDGET_BYTES = 10 << 30
+"""Default disk budget of the snapshot root (bundles only); a capture beyond it is refused."""
+SNAPSHOT_BUDGET_COUNT = 1000
+"""Default most bundles in the snapshot root; a capture beyond it is refused."""
 MODES = ("ops", "full")
+_CAPTURE_ID_RE = re.compile(CAPTURE_ID_PATTERN)
+
+
+def capture_id_problem(capture_id: object) -> str | None:
+    """Why ``capture_id`` is not acceptable (it becomes part of file names), or None."""
+    if isinstance(capture_id, str) and _CAPTURE_ID_RE.fullmatch(capture_id):
+        return None
+    return (
+        f"invalid capture id {str(capture_id)[:80]!r}: use 1 to 64 letters, digits, '_' or '-' "
+        "(starting with a letter or digit)"
+    )
+
+
+def snapshot_usage(root: str) -> tuple[int, int]:
+    """(bundles, bytes) under ``root``: every folder not starting with ``.``, recursively."""
+    count = total = 0
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return 0, 0
+    for e in entries:
+        if e.name.startswith(".") or not e.is_dir(follow_symlinks=False):
+            continue
+        count += 1
+        for dirpath, _dirs, names in os.walk(e.path):
+            for n in names:
+                try:
+                    total += os.lstat(os.path.join(dirpath, n)).st_size
+                except OSError:
+                    pass
+    return count, total
 
 
 def sanitize_label(label: str | None) -> str:
@@ -61,7 +108,7 @@ class CaptureJob:
     mode: str
     label: str
     requested_ns: int
-    state: str = "armed"  # armed -> warmup -> capturing -> exporting -> saved | failed
+    state: str = "armed"  # armed -> warmup -> capturing -> exporting | stalled -> saved | failed
     cold: bool = False
     prof: Any = None
     warmup_step: int | None = None
@@ -73,6 +120,10 @@ class CaptureJob:
     export_start_ns: int | None = None
     export_end_ns: int | None = None
     error: str | None = None
+    in_step: bool = False  # the engine is inside a step of this window (never "idle")
+    last_step_ns: int = 0  # end of the window's last step (or its start), probe clock
+    partial: str | None = None  # why the window ended before N steps (bundle complete: false)
+    export_where: str | None = None  # "child" (forked) or "thread" (fallback)
     live_at_trigger: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -84,9 +135,22 @@ class CaptureJob:
 class CaptureController:
     """Arms, runs and hands off captures; one at a time."""
 
-    def __init__(self, probe: Probe) -> None:
+    def __init__(
+        self,
+        probe: Probe,
+        *,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        budget_bytes: int | None = SNAPSHOT_BUDGET_BYTES,
+        budget_count: int | None = SNAPSHOT_BUDGET_COUNT,
+    ) -> None:
+        if idle_timeout_s <= 0:
+            raise ValueError(f"capture idle timeout must be positive, not {idle_timeout_s}")
         self.probe = probe
+        self.idle_timeout_s = idle_timeout_s
+        self.budget_bytes = budget_bytes
+        self.budget_count = budget_count
         self.job: CaptureJob | None = None
+        self._stale: CaptureJob | None = None  # stalled window whose profiler the engine thread must stop
         self.warmed = False
         self.warm_s: float | None = None
         self._lock = threading.Lock()
@@ -128,6 +192,9 @@ class CaptureController:
 
     def request(self, cap: Capture, live: dict[str, Any]) -> Refused | None:
         """Arm a capture; returns a ``Refused`` to send back when it cannot be armed."""
+        bad_id = capture_id_problem(cap.capture_id)
+        if bad_id:
+            return Refused(reason=bad_id, capture_id=None)
         if self.torch_error:
             return Refused(reason=self.torch_error, capture_id=cap.capture_id)
         if cap.mode not in MODES:
@@ -141,6 +208,9 @@ class CaptureController:
             )
         if self.probe.closed:
             return Refused(reason="the engine is shutting down", capture_id=cap.capture_id)
+        over = self._over_budget()
+        if over:
+            return Refused(reason=over, capture_id=cap.capture_id)
         with self._lock:
             job = self.job
             if job is not None:
@@ -159,17 +229,45 @@ class CaptureController:
             )
             self.probe._armed = True
         log.info("capture %s armed: %d steps, %s", cap.capture_id, cap.steps, cap.mode)
+        # The acceptance: a client prints "armed" only after this (a refusal comes instead).
+        self._post(CaptureProgress(capture_id=cap.capture_id, steps_done=0, steps=cap.steps))
+        return None
+
+    def _over_budget(self) -> str | None:
+        """Why the snapshot root has no room for another bundle, or None.  Nothing is
+        ever deleted to make room: the person decides what to keep."""
+        if self.budget_bytes is None and self.budget_count is None:
+            return None
+        root = self.probe.snapshot_root
+        count, total = snapshot_usage(root)
+        if self.budget_count is not None and count >= self.budget_count:
+            return (
+                f"snapshot budget reached: {count} bundles in {root} (limit {self.budget_count}); "
+                "move or delete old bundles, or raise --snapshot-budget-count"
+            )
+        if self.budget_bytes is not None and total >= self.budget_bytes:
+            return (
+                f"snapshot budget reached: {total / 2**20:.0f} MiB of bundles in {root} "
+                f"(limit {self.budget_bytes / 2**20:.0f} MiB); move or delete old bundles, "
+                "or raise --snapshot-budget-mb"
+            )
         return None
 
     def check_timeout(self) -> None:
-        """Fail an armed capture whose engine has not stepped for ``ARM_TIMEOUT_S``."""
+        """Fail an armed capture whose engine has not stepped for ``ARM_TIMEOUT_S``; end a
+        window whose engine has not stepped for ``idle_timeout_s`` (publisher thread)."""
         job = self.job
-        if job is None or job.state != "armed":
+        if job is None:
+            return
+        if job.state in ("warmup", "capturing"):
+            self._check_idle(job)
+            return
+        if job.state != "armed":
             return
         if (_clk() - job.requested_ns) / 1e9 > ARM_TIMEOUT_S:
             with self._lock:
                 if self.job is job and job.state == "armed":
-                    self.probe._armed = False
+                    self.probe._armed = self._stale is not None
                     self.job = None
                     job.state = "failed"
             if job.state == "failed":
@@ -180,14 +278,58 @@ class CaptureController:
                     )
                 )
 
+    def _check_idle(self, job: CaptureJob) -> None:
+        """A window with no step for ``idle_timeout_s``: hand the profiler to the engine
+        thread to stop (``_stale``), free the controller, write the partial bundle."""
+        idle_s = (_clk() - job.last_step_ns) / 1e9
+        with self._lock:
+            # in_step and state change only under this lock: a step starting now either
+            # sees the job still running (and we leave it) or sees it stalled.
+            if self.job is not job or job.in_step or job.state not in ("warmup", "capturing"):
+                return
+            if idle_s <= self.idle_timeout_s:
+                return
+            job.partial = (
+                f"the engine ran no step for {idle_s:.1f} s (idle timeout {self.idle_timeout_s:g} s) after "
+                f"{len(job.step_ids)} of {job.steps} steps: partial window, no trace (the profiler is stopped "
+                "on the engine thread at its next step and that trace discarded)"
+            )
+            job.state = "stalled"
+            job.window_end_ns = job.last_step_ns
+            self._stale = job
+            self.job = None
+            # self.probe._armed stays True: the next step comes through begin_step and stops it.
+        log.warning("capture %s: %s", job.capture_id, job.partial)
+        t = threading.Thread(target=self._export, args=(job,), name="rltperf-export-partial", daemon=True)
+        self._export_thread = t
+        t.start()
+
     # -- engine thread -------------------------------------------------------------------
+
+    def _stop_stale(self, job: CaptureJob) -> None:
+        """Stop a stalled window's profiler on this (the engine's) thread; drop its trace."""
+        self.range_close()
+        try:
+            job.prof.stop()
+        except Exception as exc:
+            log.debug("stale profiler stop: %s", exc)
+        job.prof = None
+        for sid in job.slot_ids:
+            self.probe._release_capture_slot(sid)
 
     def begin_step(self, kind: str, batch: int, tokens: int) -> StepSlot:
         """``Probe.step()`` while a capture is armed or running."""
-        job = self.job
         probe = self.probe
-        if job is None:  # disarmed meanwhile
-            probe._armed = False
+        with self._lock:
+            stale, self._stale = self._stale, None
+            job = self.job
+            if job is None:  # disarmed meanwhile (under the lock: a request arming now wins)
+                probe._armed = False
+            elif job.state in ("armed", "warmup", "capturing"):
+                job.in_step = True
+        if stale is not None:
+            self._stop_stale(stale)
+        if job is None:
             return probe.step(kind, batch, tokens)
         if job.state == "armed":
             try:
@@ -225,7 +367,7 @@ class CaptureController:
         prof.start()
         job.prof = prof
         job.state = "warmup"
-        job.started_ns = _clk()
+        job.started_ns = job.last_step_ns = _clk()
 
     def range_mark(self, name: str) -> None:
         """Open a ``stage:<name>`` profiler range (closing the previous one)."""
@@ -254,6 +396,14 @@ class CaptureController:
         job = self.job
         if job is None or job.prof is None:
             return
+        try:
+            self._after_step(job, slot)
+        finally:
+            with self._lock:
+                job.in_step = False
+                job.last_step_ns = _clk()
+
+    def _after_step(self, job: CaptureJob, slot: StepSlot) -> None:
         rf = self._step_range
         if rf is not None:
             self._step_range = None
@@ -325,7 +475,8 @@ class CaptureController:
             self.export_windows[:] = [
                 (s, job.export_end_ns if s == job.export_start_ns else e) for s, e in self.export_windows
             ]
-            job.prof = None
+            if job.partial is None:  # a stalled window's profiler is the engine thread's to drop
+                job.prof = None
             with self._lock:
                 if self.job is job:
                     self.job = None
@@ -339,7 +490,7 @@ class CaptureController:
         with self._lock:
             if self.job is job:
                 self.job = None
-                self.probe._armed = False
+                self.probe._armed = self._stale is not None
         self._post(CaptureFailed(capture_id=job.capture_id, reason=reason))
 
     def _post(self, rec: Any) -> None:
@@ -359,6 +510,9 @@ class CaptureController:
             self._fail(job, f"the engine stopped after {len(job.step_ids)} of {job.steps} steps")
         elif job is not None and job.state == "armed":
             self._fail(job, "the engine stopped before the capture started")
+        stale, self._stale = self._stale, None
+        if stale is not None:  # close() runs on the engine's thread after its loop, normally
+            self._stop_stale(stale)
         t = self._export_thread
         if t is not None and t.is_alive():
             t.join(timeout)

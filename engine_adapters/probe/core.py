@@ -22,6 +22,12 @@ from collections.abc import Iterable
 from time import perf_counter_ns as _clk
 from typing import Any
 
+from engine_adapters.probe.capture import (
+    IDLE_TIMEOUT_S,
+    SNAPSHOT_BUDGET_BYTES,
+    SNAPSHOT_BUDGET_COUNT,
+    CaptureController,
+)
 from engine_adapters.records import (
     FLAG_PROFILED,
     FLAG_PROFILER_WARMUP,
@@ -226,6 +232,13 @@ class Probe:
         captures: True to serve capture requests; a string refuses them with that
             reason (e.g. an engine whose compute runs in processes this probe cannot
             profile); the Hello then does not advertise ``capture``.
+        capture_idle_timeout_s: a capture window whose engine runs no step for this
+            long ends with a partial bundle, and the next capture is accepted.
+        snapshot_budget_bytes: bundles in ``snapshot_root`` may use this many bytes; a
+            capture beyond it is refused with the reason (None: no limit).  Nothing is
+            ever deleted to make room.
+        snapshot_budget_count: at most this many bundles in ``snapshot_root`` (None: no
+            limit).
     """
 
     def __init__(
@@ -241,6 +254,9 @@ class Probe:
         sample_devices: bool = True,
         prometheus_port: int | None = None,
         captures: bool | str = True,
+        capture_idle_timeout_s: float = IDLE_TIMEOUT_S,
+        snapshot_budget_bytes: int | None = SNAPSHOT_BUDGET_BYTES,
+        snapshot_budget_count: int | None = SNAPSHOT_BUDGET_COUNT,
     ) -> None:
         host, port = parse_hostport(listen)
         token = token if token is not None else (os.environ.get("RLTPERF_TOKEN") or None)
@@ -267,9 +283,12 @@ class Probe:
         self.closed = False
         self._armed = False  # set by the capture controller: step() takes the capture path
 
-        from engine_adapters.probe.capture import CaptureController
-
-        self._capture_ctl = CaptureController(self)
+        self._capture_ctl = CaptureController(
+            self,
+            idle_timeout_s=capture_idle_timeout_s,
+            budget_bytes=snapshot_budget_bytes,
+            budget_count=snapshot_budget_count,
+        )
         if captures is not True:
             self._capture_ctl.torch_error = captures or "this probe does not run captures"
         if warm_profiler:

@@ -419,7 +419,7 @@ class VllmSession(Session):
 
     def request_capture(self, steps: int, mode: str = "ops", label: str | None = None) -> str:
         cid = new_capture_id()
-        bad = validate_request(steps, mode)
+        bad = validate_request(steps, mode, cid)
         if bad:
             self._post(Refused(reason=bad, capture_id=cid))
             return cid

@@ -33,9 +33,10 @@ from time import perf_counter_ns as _clk
 from typing import TYPE_CHECKING, Any
 
 from engine_adapters.probe.bundle import BUNDLE_FORMAT, _os_error_text, bundle_name, post_outcome, seal_bundle
-from engine_adapters.probe.capture import MAX_CAPTURE_STEPS, sanitize_label
+from engine_adapters.probe.capture import capture_id_problem, sanitize_label
 from engine_adapters.probe.contract import CONTRACT_FIELDS, unknown
 from engine_adapters.records import (
+    MAX_CAPTURE_STEPS,
     CaptureExporting,
     CaptureFailed,
     CaptureProgress,
@@ -215,7 +216,8 @@ class HttpCapture(threading.Thread):
         s = self.session
         job = self.job
         pdir = s.profiler_dir
-        reason = s.capture_blocker()
+        # the id names the profile prefix and the bundle's temp folder: never a path
+        reason = capture_id_problem(job.capture_id) or s.capture_blocker()
         if reason:
             job.state = "failed"
             job.error = reason
@@ -558,8 +560,12 @@ def server_contract(info: EngineInfo) -> dict[str, Any]:
     return out
 
 
-def validate_request(steps: int, mode: str) -> str | None:
+def validate_request(steps: int, mode: str, capture_id: str | None = None) -> str | None:
     """A reason to refuse a capture request, or None."""
+    if capture_id is not None:
+        bad = capture_id_problem(capture_id)
+        if bad:
+            return bad
     if mode not in ("ops", "full"):
         return f"unknown capture mode {mode!r}: use 'ops' or 'full'"
     if not 1 <= steps <= MAX_CAPTURE_STEPS:

@@ -402,6 +402,7 @@ def analyze_bundle(
         "steps_found": steps_found,
         "step_source": scan.source if scan else None,
         "complete": complete,
+        "partial": cap.get("partial_reason"),
         "problems": problems,
         "notes": notes,
         "missing_meta_fields": missing_fields,
@@ -555,6 +556,8 @@ def render_text(rep: dict[str, Any], max_steps: int = 24) -> str:
     rw = "  [random weights: performance study only]" if rep.get("random_weights") else ""
     L.append(f"engine   {rep.get('engine') or 'unknown'}   mode {rep.get('mode') or 'unknown'}{rw}")
     L.append("PROFILED: " + rep["note"])
+    if rep.get("partial"):
+        L.append(f"PARTIAL: {rep['partial']}")
     L.append("")
     status = "COMPLETE" if rep["complete"] else "INCOMPLETE"
     L.append(

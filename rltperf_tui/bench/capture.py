@@ -8,7 +8,14 @@ For each mode (ops, full), repeated captures of N steps on a running engine meas
 - **slow-down of the captured steps**: their median step time (probe records) over the
   median of the unprofiled steps just before the request;
 - **export**: export time, and trace size and event count per captured step;
-- **export overlap**: steps that ran while the export thread worked, and their slow-down.
+- **export overlap**: steps that ran while the export worked, and their slow-down;
+  the **longest** of them, the **extra engine time** they took (the sum over them of
+  step time minus the unprofiled median: net, so noise cancels) and the engine's **steps/s during the export
+  over before**; the export runs in a forked child (``export in``: child) unless
+  ``RLTPERF_EXPORT_FORK=0`` in the engine's environment (in-thread: the old behaviour);
+- **stop**: the gap between the last captured step and the next one, where the engine
+  thread itself stops the profiler (torch post-processes every event there, holding
+  the GIL; it cannot be moved to another thread: the profiler is thread-local).
 
 Step times come from the probe's own records (host monotonic clock, shared by all
 processes on the host), never from the client's clock.  Without ``--target`` the bench
@@ -98,7 +105,7 @@ def _one_capture(session: Any, mode: str, steps: int, history: list[Any]) -> dic
     t_send = time.perf_counter_ns()
     cid = session.request_capture(steps, mode, "bench")
     result: Any = None
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a low-priority export child on a busy box is slow
     while result is None and time.monotonic() < deadline:
         for r in session.read(0.2):
             if isinstance(r, StepRecord):
@@ -112,7 +119,7 @@ def _one_capture(session: Any, mode: str, steps: int, history: list[Any]) -> dic
     while time.monotonic() < t_end:
         history.extend(r for r in session.read(0.1) if isinstance(r, StepRecord))
     if not isinstance(result, CaptureDone):
-        return {"mode": mode, "error": getattr(result, "reason", "no answer within 120 s")}
+        return {"mode": mode, "error": getattr(result, "reason", "no answer within 300 s")}
     meta: dict[str, Any] = {}
     try:
         with open(os.path.join(result.bundle, "meta.json"), encoding="utf-8") as f:
@@ -133,6 +140,18 @@ def _one_capture(session: Any, mode: str, steps: int, history: list[Any]) -> dic
     exporting = [
         (r.end_ns - r.start_ns) / 1e6 for r in history if r.flags & FLAG_EXPORTING and r.start_ns > req_ns
     ]
+    w0 = cap.get("window_end_ns")
+    w1 = w0 + result.export_s * 1e9 if w0 else None
+    before = [r for r in history if req_ns - 2e9 <= r.start_ns < req_ns and not r.flags & FLAG_PROFILED]
+    inside = [r for r in history if w0 and w1 and r.start_ns >= w0 and r.end_ns <= w1]
+    rate_ratio = None
+    if before and inside and w0 and w1 and w1 > w0:
+        span = (before[-1].end_ns - before[0].start_ns) / 1e9
+        if span > 0:
+            rate_ratio = (len(inside) / ((w1 - w0) / 1e9)) / (len(before) / span)
+    last = by_id.get(ids[-1]) if ids else None
+    nxt = by_id.get(ids[-1] + 1) if ids else None
+    stop_gap = (nxt.start_ns - last.end_ns) / 1e6 if last is not None and nxt is not None else None
     out: dict[str, Any] = {
         "mode": mode,
         "bundle": result.bundle,
@@ -146,6 +165,13 @@ def _one_capture(session: Any, mode: str, steps: int, history: list[Any]) -> dic
         "captured_step_ms_p50": _med(captured),
         "exporting_steps": len(exporting),
         "exporting_step_ms_p50": _med(exporting),
+        "export_in": cap.get("export_in"),
+        "exporting_step_ms_max": max(exporting) if exporting else None,
+        "export_extra_engine_ms": (
+            sum(exporting) - len(exporting) * statistics.median(base) if exporting and base else None
+        ),
+        "export_rate_ratio": rate_ratio,
+        "stop_gap_ms": stop_gap,
         "clock": "probe (meta.json requested_ns)" if cap.get("requested_ns") else "client send time",
     }
     if first is not None:
@@ -214,8 +240,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "export_overlap_slowdown",
             "baseline_step_ms_p50",
             "captured_step_ms_p50",
+            "exporting_step_ms_max",
+            "export_extra_engine_ms",
+            "export_rate_ratio",
+            "stop_gap_ms",
         )
         per_mode[mode] = {k: _med([r[k] for r in rs if r.get(k) is not None]) for k in keys}
+        per_mode[mode]["longest_exporting_step_ms"] = max(
+            (r["exporting_step_ms_max"] for r in rs if r.get("exporting_step_ms_max") is not None),
+            default=None,
+        )
+        per_mode[mode]["export_in"] = sorted({str(r.get("export_in")) for r in rs})
         per_mode[mode]["captures"] = len(rs)
         per_mode[mode]["failed"] = [r["error"] for r in runs if r["mode"] == mode and "error" in r]
     return {
@@ -247,6 +282,14 @@ def print_text(r: dict[str, Any]) -> None:
             f"{mode:<6} {f(m['to_first_step_ms'], '{:.2f} ms'):>12} {f(m['to_first_step_steps'], '{:.0f}'):>8} "
             f"{f(m['slowdown'], 'x{:.2f}'):>10} {f(m['export_s'], '{:.3f}'):>9} {f(kib, '{:.1f}'):>9} "
             f"{f(m['events_per_step'], '{:.0f}'):>12} {f(m['export_overlap_slowdown'], 'x{:.2f}'):>15}"
+        )
+        print(
+            f"{'':<6} during export ({'/'.join(m['export_in'])}): longest step "
+            f"{f(m['longest_exporting_step_ms'], '{:.1f} ms')} (bound 3 x p50 + 20 = "
+            f"{f(None if m['baseline_step_ms_p50'] is None else 3 * m['baseline_step_ms_p50'] + 20, '{:.1f} ms')}), "
+            f"extra engine time {f(m['export_extra_engine_ms'], '{:.0f} ms')}, steps/s "
+            f"{f(m['export_rate_ratio'], 'x{:.2f}')} of before; profiler stop on the step loop "
+            f"{f(m['stop_gap_ms'], '{:.0f} ms')}"
         )
         for e in m["failed"]:
             print(f"   failed: {e}")

@@ -8,6 +8,7 @@ import sys
 import time
 
 from engine_adapters.records import (
+    MAX_CAPTURE_STEPS,
     CaptureDone,
     CaptureExporting,
     CaptureFailed,
@@ -19,8 +20,8 @@ from engine_adapters.records import (
 from rltperf_tui.commands.common import Progress, add_target_options, open_session, target_options
 
 HELP = "run one bounded profiler capture inside the engine and wait for its bundle"
-DESCRIPTION = """\
-Ask the engine to profile exactly N complete steps (from its next step boundary) and
+DESCRIPTION = f"""\
+Ask the engine to profile exactly N (1 to {MAX_CAPTURE_STEPS}) complete steps (from its next step boundary) and
 wait until the bundle (trace.json.gz, meta.json, ops.txt, steps.jsonl) is saved.
 Prints the bundle path (with --json: bundle, steps_requested, steps_captured,
 trace_bytes, events, export_s).  Exits non-zero with the reason on failure.
@@ -28,12 +29,23 @@ trace_bytes, events, export_s).  Exits non-zero with the reason on failure.
 ops  = CPU + device activities only (operators, launches, copies, syncs, timeline)
 full = also record_shapes, profile_memory and with_stack (shapes, allocations, stacks)
 Start small (one representative step or speculative round); profiled timings are not
-a baseline."""
+a baseline.
+
+Progress goes to stderr: rewritten in place on a terminal, one line per state change
+(armed, capturing, exporting) otherwise.  A window whose engine stops stepping ends
+after the engine's idle timeout with a partial bundle (said on stderr; exit status 0,
+"complete": false with --json)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", help="tcp://HOST:PORT or vllm+http://HOST:PORT")
-    p.add_argument("--steps", type=int, default=8, metavar="N", help="complete steps to capture (default 8)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=8,
+        metavar="N",
+        help=f"complete steps to capture, 1 to {MAX_CAPTURE_STEPS} (default 8)",
+    )
     p.add_argument("--mode", choices=("ops", "full"), default="ops", help="ops (default) or full")
     p.add_argument("--label", default=None, help="label added to the bundle folder name")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -44,14 +56,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        print("rltperf capture: error: --steps must be at least 1", file=sys.stderr)
+    if not 1 <= args.steps <= MAX_CAPTURE_STEPS:
+        print(
+            f"rltperf capture: error: --steps {args.steps} out of range: 1 to {MAX_CAPTURE_STEPS}",
+            file=sys.stderr,
+        )
         return 2
     _, session = open_session(args.target, **target_options(args, reconnect=False))
     prog = Progress(sys.stderr.isatty() or not args.json)
     try:
         cid = session.request_capture(args.steps, args.mode, args.label)
-        prog.show(f"capture {cid}: armed, waiting for the next step boundary")
+        # Nothing is printed before the engine answers: it acknowledges with progress 0/N
+        # (armed) or refuses.
         deadline = time.monotonic() + args.timeout
         exporting_since: float | None = None
         while time.monotonic() < deadline:
@@ -63,8 +79,11 @@ def run(args: argparse.Namespace) -> int:
                         f"capture {cid}: capturing from step {r.first_step}"
                         + (" (cold profiler)" if r.cold else "")
                     )
+                elif isinstance(r, CaptureProgress) and r.steps_done == 0:
+                    prog.show(f"capture {cid}: armed, waiting for the next step boundary")
                 elif isinstance(r, CaptureProgress):
-                    prog.show(f"capture {cid}: capturing {r.steps_done}/{r.steps} steps")
+                    # one line for the whole window without a terminal, a live count with one
+                    prog.show(f"capture {cid}: capturing {r.steps_done}/{r.steps} steps", key="capturing")
                 elif isinstance(r, CaptureExporting):
                     exporting_since = time.monotonic()
                 elif isinstance(r, CaptureDone):
@@ -80,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
                                     "events": r.events,
                                     "export_s": r.export_s,
                                     "mode": r.mode,
+                                    "complete": r.note is None and r.steps_captured == r.steps_requested,
+                                    "note": r.note,
                                 },
                                 indent=2,
                             )
@@ -91,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
                             f"{r.trace_bytes / 1024:.0f} KiB trace, {r.events} events, export {r.export_s:.2f} s",
                             file=sys.stderr,
                         )
+                    if r.note:
+                        print(f"  partial: {r.note}", file=sys.stderr)
                     return 0
                 elif isinstance(r, (CaptureFailed, Refused)):
                     prog.done()

@@ -81,6 +81,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where captures are saved (default ./snapshots)",
     )
+    p.add_argument(
+        "--capture-idle-timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="a capture window with no engine step for S s ends with a partial bundle (default 5)",
+    )
+    p.add_argument(
+        "--snapshot-budget-mb",
+        type=float,
+        default=10240,
+        metavar="MB",
+        help="refuse a capture once the bundles under --snapshots use MB MiB (default 10240; 0: no limit)",
+    )
+    p.add_argument(
+        "--snapshot-budget-count",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="refuse a capture once --snapshots holds N bundles (default 1000; 0: no limit)",
+    )
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op CPU threads (default 1 for tiny and membound: the demo leaves a core to the monitor; else all cores)")  # fmt: skip
     p.add_argument(
@@ -268,6 +289,9 @@ def run(args: argparse.Namespace) -> int:
         probe = Probe(
             args.listen, engine.engine_info(args.duration), token=args.token, snapshot_root=args.snapshots,
             prometheus_port=prom_port if prom_host is None else None,
+            capture_idle_timeout_s=args.capture_idle_timeout,
+            snapshot_budget_bytes=int(args.snapshot_budget_mb * 2**20) or None,
+            snapshot_budget_count=args.snapshot_budget_count or None,
         )  # fmt: skip
     except ValueError as exc:
         print(f"rltperf engine: error: {exc}", file=sys.stderr)

@@ -62,6 +62,7 @@ def test_capture_bundle_has_exactly_n_steps(engine, mode):
     assert cap["trace_bytes"] == (bundle / "trace.json.gz").stat().st_size == res["trace_bytes"]
     assert cap["events"] == len(events) == res["events"]
     assert cap["error"] is None and cap["cold"] is False
+    assert cap["complete"] is True and cap["export_in"] == "child"  # off the engine's GIL
     assert meta["profiled"] is True and meta["contract"]["profiled"] is True
     # every contract field is present, with a value or "unknown: <why>"
     for key in CONTRACT_FIELDS:
@@ -135,7 +136,10 @@ def test_second_capture_while_one_runs_is_refused(engine):
 
 def test_bad_capture_requests_get_clear_errors(engine):
     out = run_rltperf("capture", engine.target, "--steps", "100000", "--mode", "ops")
-    assert out.returncode == 1 and "out of range" in out.stderr
+    # refused before anything is asked of the engine (issue 14): nothing says "armed"
+    assert out.returncode == 2 and "out of range: 1 to 1024" in out.stderr and "armed" not in out.stderr
+    out = run_rltperf("capture", "--help")
+    assert "1 to 1024" in out.stdout
     out = run_rltperf("capture", "tcp://127.0.0.1:1", "--steps", "5")
     assert out.returncode == 1 and "connection refused" in out.stderr and "Traceback" not in out.stderr
 
@@ -193,3 +197,57 @@ def test_capture_into_unwritable_root_fails_clearly_and_engine_runs(tmp_path, ki
     finally:
         if mounted:
             subprocess.run(["umount", str(root)], capture_output=True)
+
+
+def test_capture_command_refused_while_another_runs_never_says_armed(engine):
+    """Issue 14: a second concurrent capture printed "armed" before "failed: a capture
+    is already running"."""
+    s = ProbeAdapter(engine.target, reconnect=False).connect()
+    try:
+        cid = s.request_capture(1000, "ops")
+        deadline = time.monotonic() + 30
+        started = False
+        while not started and time.monotonic() < deadline:
+            started = any(getattr(r, "capture_id", None) == cid for r in s.read(0.1))
+        assert started
+        out = run_rltperf("capture", engine.target, "--steps", "4", "--mode", "ops")
+        assert out.returncode == 1 and "already running" in out.stderr, out.stderr
+        assert "armed" not in out.stderr
+        deadline = time.monotonic() + 120
+        done = None
+        while done is None and time.monotonic() < deadline:  # let the long one finish
+            done = next((r for r in s.read(0.2) if isinstance(r, (CaptureDone, CaptureFailed))), None)
+        assert isinstance(done, CaptureDone)
+    finally:
+        s.close()
+
+
+def test_capture_command_without_a_terminal_prints_state_changes_only(engine):
+    """Issue 14: without a terminal, N=64 printed 64 progress lines."""
+    out = run_rltperf("capture", engine.target, "--steps", "64", "--mode", "ops")
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    capturing = [x for x in lines if "capturing" in x]
+    assert 1 <= len(capturing) <= 2, lines  # "capturing from step k", then one "k/64" line
+    assert sum("armed" in x for x in lines) == 1 and sum("exporting" in x for x in lines) <= 1
+    assert len(lines) <= 6, lines
+
+
+def test_in_thread_export_fallback_writes_the_same_bundle(tmp_path):
+    """Without fork (``RLTPERF_EXPORT_FORK=0``, or when the child dies) the export runs
+    in the engine's thread as before: slower for the engine, the same bundle."""
+    eng = start_engine(
+        [str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(tmp_path)],
+        env={"RLTPERF_EXPORT_FORK": "0"},
+    )
+    try:
+        out = run_rltperf("capture", eng.target, "--steps", "4", "--mode", "full", "--json")
+    finally:
+        eng.stop()
+    assert out.returncode == 0, out.stderr
+    bundle = Path(json.loads(out.stdout)["bundle"])
+    meta = json.loads((bundle / "meta.json").read_text())["capture"]
+    assert meta["export_in"] == "thread" and meta["complete"] is True and meta["steps_captured"] == 4
+    spans = [e for e in _trace_events(bundle) if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+    assert len(spans) == 4 and "Input Shapes" in (bundle / "ops.txt").read_text()
+    assert not list(bundle.glob(".export-result*"))
