@@ -13,7 +13,7 @@ import uuid
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-from engine_adapters.records import EngineInfo, Record
+from engine_adapters.records import EngineInfo, Record, TriggerInfo
 
 
 class AdapterError(Exception):
@@ -45,9 +45,12 @@ class Session(ABC):
         """Records available within ``timeout`` seconds (maybe none). Never raises for a
         lost connection of a reconnecting session: it returns a ``SessionEvent``."""
 
-    def request_capture(self, steps: int, mode: str = "ops", label: str | None = None) -> str:
+    def request_capture(
+        self, steps: int, mode: str = "ops", label: str | None = None, trigger: TriggerInfo | None = None
+    ) -> str:
         """Ask for a capture of ``steps`` steps; returns the capture id. Results arrive
-        as capture records through ``read``."""
+        as capture records through ``read``.  ``trigger``: the rule that asked for it
+        (written into the bundle)."""
         raise CaptureUnsupported(f"{type(self).__name__} cannot capture")
 
     def close(self) -> None:  # noqa: B027 - optional

@@ -145,6 +145,23 @@ CAPTURE_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"
 """What a ``Capture.capture_id`` may be (it becomes part of file names on the engine host)."""
 
 
+class TriggerInfo(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """Why a capture was asked for by a trigger rule (``rltperf_tui.triggers``)."""
+
+    rule: str
+    """The rule as written, e.g. ``step_ms>150``."""
+    figure: str
+    """The figure it tests."""
+    value: float
+    """The value that broke it."""
+    threshold: float
+    """The rule's threshold (fractions for idle/MBU)."""
+    ts_ns: int = 0
+    """When it broke (probe clock): the offending step's end, or the window's end."""
+    step_id: int | None = None
+    """The offending step (per-step rules), or None (window rules)."""
+
+
 class Capture(_Rec, tag="capture", frozen=True):
     """Ask the engine for a bounded profiler capture of ``steps`` complete steps."""
 
@@ -158,6 +175,8 @@ class Capture(_Rec, tag="capture", frozen=True):
     """Free label, sanitised into the bundle folder name."""
     token: str | None = None
     """Shared secret, when the probe requires one."""
+    trigger: TriggerInfo | None = None
+    """Set when a trigger rule asked for this capture: the bundle says why it exists."""
 
 
 class Ping(_Rec, tag="ping", frozen=True):

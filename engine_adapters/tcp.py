@@ -26,6 +26,7 @@ from engine_adapters.records import (
     Record,
     Refused,
     SessionEvent,
+    TriggerInfo,
 )
 from engine_adapters.wire import FrameError, FrameReader, encode, parse_hostport
 
@@ -264,9 +265,13 @@ class ProbeSession(Session):
             return [SessionEvent(state="reconnecting", detail=why, ts_ns=_clk())]
         return []
 
-    def request_capture(self, steps: int, mode: str = "ops", label: str | None = None) -> str:
+    def request_capture(
+        self, steps: int, mode: str = "ops", label: str | None = None, trigger: TriggerInfo | None = None
+    ) -> str:
         cid = new_capture_id()
-        frame = encode(Capture(capture_id=cid, steps=steps, mode=mode, label=label, token=self.token))
+        frame = encode(
+            Capture(capture_id=cid, steps=steps, mode=mode, label=label, token=self.token, trigger=trigger)
+        )
         with self._send_lock:
             sock = self._sock
             if sock is None:

@@ -278,6 +278,8 @@ class MonitorApp(App[int]):
                 handle.triggers = TriggerSet.parse(
                     triggers, cooldown_s=trigger_cooldown_s, max_captures=trigger_max
                 )
+                # a recording shows where the rules fire; only a live engine can capture
+                handle.triggers.can_capture = handle.live
             self.handles.append(handle)
         self.trigger_all = trigger_all
         self.trigger_mode = trigger_mode
@@ -393,7 +395,7 @@ class MonitorApp(App[int]):
         trig = h.triggers
         try:
             h.stats.add(message.records)
-            if trig is not None and h.live and any(r.figure in STEP_FIGURES for r in trig.rules):
+            if trig is not None and any(r.figure in STEP_FIGURES for r in trig.rules):
                 steps = [r for r in message.records if isinstance(r, StepRecord)]
                 if steps:
                     self._act_on_fires(h, trig.check_steps(steps, busy=self._capture_running(h)))
@@ -606,7 +608,7 @@ class MonitorApp(App[int]):
             if fire is None:
                 cid = session.request_capture(steps, mode)
             else:
-                cid = session.request_capture(steps, mode, f"trigger-{fire.rule.figure}")
+                cid = session.request_capture(steps, mode, f"trigger-{fire.rule.figure}", trigger=fire.info())
         except AdapterError as exc:
             self.post_message(TargetProblem(h.index, f"capture not requested: {exc}"))
             return
@@ -623,6 +625,7 @@ class MonitorApp(App[int]):
     def _act_on_fires(self, h: TargetHandle, fires: list[Fire]) -> None:
         """Ask for a capture for each fire that may capture (``TriggerSet`` decided)."""
         for f in fires:
+            h.fire_marks.append(f.ts_ns)
             if not f.captured:
                 continue
             targets = [x for x in self.handles if x.live and x.supports_capture] if self.trigger_all else [h]
@@ -641,7 +644,6 @@ class MonitorApp(App[int]):
                 f"{self.capture_steps} steps",
                 timeout=4,
             )
-            h.fire_marks.append(f.ts_ns)
 
     def action_toggle_triggers(self) -> None:
         """Arm or disarm the triggers given on the command line."""

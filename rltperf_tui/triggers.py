@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_adapters.records import StepRecord
+from engine_adapters.records import StepRecord, TriggerInfo
 
 STEP_FIGURES = {
     "step_ms": "a step's duration, ms (every step)",
@@ -124,6 +124,17 @@ class Fire:
     why_not: str = ""
     capture_id: str | None = None
 
+    def info(self) -> TriggerInfo:
+        """The record the capture request carries (the bundle's ``meta.json`` "trigger")."""
+        return TriggerInfo(
+            rule=self.rule.text,
+            figure=self.rule.figure,
+            value=float(self.value),
+            threshold=self.rule.threshold,
+            ts_ns=self.ts_ns,
+            step_id=self.step_id,
+        )
+
     def as_dict(self) -> dict[str, Any]:
         """What a bundle's ``meta.json`` and the watch report record."""
         return {
@@ -146,6 +157,8 @@ class TriggerSet:
     max_captures: int = 5
     """Triggered captures at most (then fires are only counted)."""
     armed: bool = True
+    can_capture: bool = True
+    """False for a recording: fires are found and counted, nothing can be captured."""
     fires: list[Fire] = field(default_factory=list)
     captures: int = 0
     suppressed: int = 0
@@ -165,7 +178,9 @@ class TriggerSet:
 
     def _fire(self, rule: Rule, value: float, ts_ns: int, step_id: int | None, busy: bool) -> Fire:
         f = Fire(rule, value, ts_ns, step_id)
-        if not self.armed:
+        if not self.can_capture:
+            f.why_not = "a recording: nothing to capture"
+        elif not self.armed:
             f.why_not = "disarmed"
         elif self.captures >= self.max_captures:
             f.why_not = f"maximum of {self.max_captures} captures reached"
@@ -217,5 +232,7 @@ class TriggerSet:
     def status(self) -> str:
         """One line for the screen: ``armed: step_ms>150 (2 fired, 1 in cooldown)``."""
         rules = ", ".join(r.text for r in self.rules)
+        if not self.can_capture:
+            return f"{rules} ({len(self.fires)} fired; a recording: nothing captured)"
         state = "armed" if self.armed else "disarmed"
         return f"{state}: {rules} ({len(self.fires)} fired, {self.captures} captured, {self.suppressed} not)"

@@ -39,6 +39,9 @@ BUNDLE_FORMAT = 1
 """Version of the bundle layout, in ``meta.json``."""
 CONTEXT_STEPS = 32
 """Step records kept in ``steps.jsonl`` before the window."""
+TRIGGER_CONTEXT_STEPS = 8
+"""Of a triggered capture, steps kept before the offending one too (however long the
+delay from it to the window was, within the publisher's history)."""
 TOP_OPS_ROWS = 60
 
 
@@ -308,9 +311,12 @@ def write_bundle(probe: Probe, job: CaptureJob, post: Callable[[Any], None]) -> 
     try:
         steps = _window_steps(probe, job)
         with open(os.path.join(tmp, "steps.jsonl"), "w", encoding="utf-8") as f:
+            trig_id = job.trigger.step_id if job.trigger is not None else None
             for rec, tag in steps:
                 d = to_builtins(rec)
                 d["window"] = tag
+                if trig_id is not None and rec.step_id == trig_id:
+                    d["trigger_step"] = True  # the step that broke the rule
                 f.write(json.dumps(d) + "\n")
         files["steps.jsonl"] = "step records of the window with context"
     except OSError as exc:
@@ -343,20 +349,40 @@ def _window_steps(probe: Probe, job: CaptureJob) -> list[tuple[Any, str]]:
         time.sleep(0.01)
     first = job.warmup_step if job.warmup_step is not None else (job.step_ids[0] if job.step_ids else 0)
     window = set(job.step_ids)
+    lo = first - CONTEXT_STEPS
+    trig = job.trigger
+    if trig is not None and trig.step_id is not None:
+        lo = min(lo, trig.step_id - TRIGGER_CONTEXT_STEPS)
+    before = "before_trigger" if trig is not None else "before"
     out: list[tuple[Any, str]] = []
     for rec in pub.recent_steps():
         sid = rec.step_id
-        if sid < first - CONTEXT_STEPS:
+        if sid < lo:
             continue
         if sid in window:
             tag = "captured"
         elif sid == job.warmup_step:
             tag = "profiler_warmup"
         elif sid < first:
-            tag = "before"
+            tag = before
         else:
             tag = "after"
         out.append((rec, tag))
+    return out
+
+
+def _trigger_meta(job: CaptureJob) -> dict[str, Any] | None:
+    """Why a triggered capture exists: the rule, the value that fired it, when, and the
+    delay from the offending step to the window (steps and ms); None for a key press."""
+    trig = job.trigger
+    if trig is None:
+        return None
+    out: dict[str, Any] = to_builtins(trig)
+    first = job.warmup_step if job.warmup_step is not None else (job.step_ids[0] if job.step_ids else None)
+    if trig.step_id is not None and first is not None:
+        out["delay_steps"] = first - trig.step_id
+    if trig.ts_ns and job.started_ns:
+        out["delay_ms"] = round((job.started_ns - trig.ts_ns) / 1e6, 3)
     return out
 
 
@@ -422,6 +448,7 @@ def _meta(
             "window_end_ns": job.window_end_ns,
         },
         "live_at_trigger": job.live_at_trigger,
+        "trigger": _trigger_meta(job),
         "ceiling": _ceiling(info),
         "contract": build_contract(info),
         "files": files,

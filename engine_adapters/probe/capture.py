@@ -125,6 +125,8 @@ class CaptureJob:
     partial: str | None = None  # why the window ended before N steps (bundle complete: false)
     export_where: str | None = None  # "child" (forked) or "thread" (fallback)
     live_at_trigger: dict[str, Any] = field(default_factory=dict)
+    trigger: Any = None
+    """``TriggerInfo`` when a trigger rule asked for this capture."""
 
     @property
     def full(self) -> bool:
@@ -226,6 +228,7 @@ class CaptureController:
                 requested_ns=_clk(),
                 cold=not self.warmed,
                 live_at_trigger=live,
+                trigger=cap.trigger,
             )
             self.probe._armed = True
         log.info("capture %s armed: %d steps, %s", cap.capture_id, cap.steps, cap.mode)

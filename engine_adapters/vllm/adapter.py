@@ -44,6 +44,8 @@ from engine_adapters.records import (
     Record,
     Refused,
     SessionEvent,
+    TriggerInfo,
+    to_builtins,
 )
 from engine_adapters.vllm.capture import (
     PROFILER_FLAG_HELP,
@@ -417,7 +419,9 @@ class VllmSession(Session):
             except queue.Empty:
                 return out
 
-    def request_capture(self, steps: int, mode: str = "ops", label: str | None = None) -> str:
+    def request_capture(
+        self, steps: int, mode: str = "ops", label: str | None = None, trigger: TriggerInfo | None = None
+    ) -> str:
         cid = new_capture_id()
         bad = validate_request(steps, mode, cid)
         if bad:
@@ -437,6 +441,7 @@ class VllmSession(Session):
             job = HttpCaptureJob(
                 capture_id=cid, steps=steps, mode=mode, label=lab, prefix=profile_prefix(cid, lab),
                 requested_ns=_clk(), live_at_trigger=self._live(),
+                trigger=to_builtins(trigger) if trigger is not None else None,
             )  # fmt: skip
             cap = HttpCapture(self, job)
             self._capture = cap

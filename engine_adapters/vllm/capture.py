@@ -76,6 +76,8 @@ class HttpCaptureJob:
     prefix: str
     requested_ns: int
     live_at_trigger: dict[str, Any] = field(default_factory=dict)
+    trigger: dict[str, Any] | None = None
+    """The trigger rule that asked for this capture (``TriggerInfo`` as a dict), if any."""
     state: str = "armed"
     start_call_s: float | None = None
     stop_call_s: float | None = None
@@ -537,6 +539,7 @@ class HttpCapture(threading.Thread):
                 "trace_vllm_version": facts.vllm_version,
             },
             "live_at_trigger": job.live_at_trigger,
+            "trigger": job.trigger,
             "contract": server_contract(info),
             "files": out_files,
         }

@@ -403,6 +403,7 @@ def analyze_bundle(
         "step_source": scan.source if scan else None,
         "complete": complete,
         "partial": cap.get("partial_reason"),
+        "trigger": (meta or {}).get("trigger") if isinstance((meta or {}).get("trigger"), dict) else None,
         "problems": problems,
         "notes": notes,
         "missing_meta_fields": missing_fields,
@@ -553,6 +554,20 @@ def render_text(rep: dict[str, Any], max_steps: int = 24) -> str:
     """The report as text for a terminal."""
     L: list[str] = []
     L.append(f"bundle   {rep['bundle']}")
+    trig = rep.get("trigger")
+    if trig:
+        where = f" at step {trig['step_id']}" if trig.get("step_id") is not None else " over the window"
+        delay = []
+        if trig.get("delay_steps") is not None:
+            delay.append(f"{trig['delay_steps']} steps")
+        if trig.get("delay_ms") is not None:
+            delay.append(f"{trig['delay_ms']:.0f} ms")
+        L.append(
+            f"TRIGGERED by {trig.get('rule')}: {trig.get('figure')} = {_f(trig.get('value'), '{:.4g}')}{where}"
+            + (f"; the window began {' / '.join(delay)} later" if delay else "")
+            + ("; that step is in steps.jsonl (trigger_step), with those before it (before_trigger)"
+               if trig.get("step_id") is not None else "")
+        )  # fmt: skip
     rw = "  [random weights: performance study only]" if rep.get("random_weights") else ""
     L.append(f"engine   {rep.get('engine') or 'unknown'}   mode {rep.get('mode') or 'unknown'}{rw}")
     L.append("PROFILED: " + rep["note"])

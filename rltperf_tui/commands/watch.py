@@ -294,7 +294,7 @@ def _act(w: _Watched, fires: list[Fire], watched: list[_Watched], args: argparse
         for x in targets:
             label = f"trigger-{f.rule.figure}"
             try:
-                cid = x.session.request_capture(args.steps, args.mode, label)
+                cid = x.session.request_capture(args.steps, args.mode, label, trigger=f.info())
             except AdapterError as exc:
                 x.events.append({**f.as_dict(), "result": "failed", "reason": str(exc)})
                 continue

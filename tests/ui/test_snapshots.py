@@ -20,3 +20,9 @@ def test_main_screen_120x40(snap_compare: Any) -> None:
 def test_main_screen_80x24(snap_compare: Any) -> None:
     app = MonitorApp([replay_spec()])
     assert snap_compare(app, terminal_size=(80, 24), run_before=replay_finished)
+
+
+def test_triggers_on_a_recording_120x40(snap_compare: Any) -> None:
+    """Trigger rules over a recording: where they fire is marked (▲), nothing is captured."""
+    app = MonitorApp([replay_spec()], triggers=["step_ms>150", "gap_ms>50"])
+    assert snap_compare(app, terminal_size=(120, 40), run_before=replay_finished)
