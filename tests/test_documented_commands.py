@@ -12,7 +12,8 @@ How a documented command becomes a runnable one (``runnable``):
 - durations are shortened through their own flag: ``rltperf engine`` runs with
   ``--duration 3`` (added when absent) and ``--listen 127.0.0.1:0`` (7788 may be taken),
   ``rltperf record`` with ``--duration 3`` and ``-o`` a fresh file (the fixtures made
-  the one the README names, and recordings are never overwritten);
+  the one the README names, and recordings are never overwritten), ``rltperf watch``
+  with ``--duration 3`` and a fresh ``--out``;
 - the monitor itself (demo, attach, replay) runs in a pseudo-terminal: it must draw,
   still be running after a few seconds, and quit on ``q`` with status 0;
 - skipped, each with the reason printed: what needs hardware or a server this machine
@@ -173,6 +174,9 @@ def runnable(doc: Documented, fx: Fixtures) -> tuple[list[str] | None, str]:
         argv = _set_flag(argv, "--duration", ENGINE_DURATION_S)
         argv = _set_flag(argv, "--listen", "127.0.0.1:0")
         argv = _set_flag(argv, "--snapshots", str(fx.work / "snapshots-engine"))
+    if argv[1:2] == ["watch"]:
+        argv = _set_flag(argv, "--duration", RECORD_DURATION_S)
+        argv = _set_flag(argv, "--out", str(fx.work / f"documented-watch-{len(os.listdir(fx.work))}"))
     if argv[1:2] == ["record"]:
         argv = _set_flag(argv, "--duration", RECORD_DURATION_S)
         # recordings are never overwritten: a fresh name beside the fixtures' own
