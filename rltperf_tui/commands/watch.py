@@ -96,6 +96,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_target_options(p)
 
 
+MAX_EVENTS = 2000
+"""Events kept per target for the report (every capture is kept; the oldest fires that
+were not captured go first, counted)."""
+
+
 def _safe(target: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", target.split("://", 1)[-1]).strip("_") or "target"
 
@@ -156,6 +161,19 @@ class _Watched:
     pending: dict[str, Fire] = field(default_factory=dict)
     """capture id -> the fire that asked for it, until its bundle or failure arrives."""
     events: list[dict[str, Any]] = field(default_factory=list)
+    dropped_events: int = 0
+    """Fires not captured beyond ``MAX_EVENTS`` (counted, not kept: hours of a rule that
+    keeps firing must not grow memory)."""
+
+    def note(self, event: dict[str, Any]) -> None:
+        """Keep an event; of those not captured only the newest ``MAX_EVENTS``."""
+        self.events.append(event)
+        if len(self.events) > MAX_EVENTS:
+            for i, e in enumerate(self.events):
+                if e["result"] == "not captured":
+                    del self.events[i]
+                    self.dropped_events += 1
+                    break
 
 
 def run(args: argparse.Namespace) -> int:
@@ -270,11 +288,11 @@ def _ingest(
         cid = getattr(r, "capture_id", None)
         if isinstance(r, CaptureDone) and cid in w.pending:
             f = w.pending.pop(cid)
-            w.events.append({**f.as_dict(), "capture_id": cid, "bundle": r.bundle, "result": "saved",
+            w.note({**f.as_dict(), "capture_id": cid, "bundle": r.bundle, "result": "saved",
                              "steps_captured": r.steps_captured})  # fmt: skip
         elif isinstance(r, (CaptureFailed, Refused)) and cid in w.pending:
             f = w.pending.pop(cid)
-            w.events.append({**f.as_dict(), "capture_id": cid, "result": "failed", "reason": r.reason})
+            w.note({**f.as_dict(), "capture_id": cid, "result": "failed", "reason": r.reason})
         elif isinstance(r, CaptureStarted) and cid in w.pending:
             w.pending[cid].capture_id = cid
         elif isinstance(r, Bye):
@@ -288,7 +306,7 @@ def _ingest(
 def _act(w: _Watched, fires: list[Fire], watched: list[_Watched], args: argparse.Namespace) -> None:
     for f in fires:
         if not f.captured:
-            w.events.append({**f.as_dict(), "result": "not captured", "reason": f.why_not})
+            w.note({**f.as_dict(), "result": "not captured", "reason": f.why_not})
             continue
         targets = [x for x in watched if not x.ended] if args.trigger_all else [w]
         for x in targets:
@@ -296,7 +314,7 @@ def _act(w: _Watched, fires: list[Fire], watched: list[_Watched], args: argparse
             try:
                 cid = x.session.request_capture(args.steps, args.mode, label, trigger=f.info())
             except AdapterError as exc:
-                x.events.append({**f.as_dict(), "result": "failed", "reason": str(exc)})
+                x.note({**f.as_dict(), "result": "failed", "reason": str(exc)})
                 continue
             f.capture_id = cid
             x.pending[cid] = f
@@ -342,6 +360,11 @@ def write_report(
                 else ""
             )
             + "<h3>Trigger events</h3>"
+            + (
+                f"<p>{w.dropped_events} older fires that were not captured are counted, not listed.</p>"
+                if w.dropped_events
+                else ""
+            )
             + (
                 f"<table><tr><th>at</th><th>rule</th><th>value</th><th>step</th><th>result</th><th>bundle / reason</th></tr>{rows}</table>"
                 if events
