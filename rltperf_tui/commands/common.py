@@ -45,6 +45,26 @@ def target_options(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     return opts
 
 
+def check_recording(path: str, prog: str) -> int | None:
+    """Read a recording through once before using it: damage is said on stderr (a
+    warning), and a file with nothing readable is an error.  Returns the exit status to
+    stop with, or None to go on."""
+    from engine_adapters.recording import RecordingError, scan
+
+    try:
+        check = scan(path)
+    except RecordingError as exc:
+        print(f"rltperf {prog}: error: {exc}", file=sys.stderr)
+        return 1
+    if not check.records_read:
+        why = f" ({check.warning})" if check.warning else ""
+        print(f"rltperf {prog}: error: {path}: no readable records{why}", file=sys.stderr)
+        return 1
+    if check.warning:
+        print(f"rltperf {prog}: warning: {path}: {check.warning}", file=sys.stderr)
+    return None
+
+
 def open_session(target: str, **options: Any) -> tuple[Adapter, Session]:
     """Adapter and connected session for ``target`` (raises ``AdapterError``)."""
     adapter = adapter_for(target, **options)

@@ -263,21 +263,13 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if kinds[0] == "recording":
-        from engine_adapters.recording import RecordingError, scan
+        from rltperf_tui.commands.common import check_recording
 
         for p in paths:
             # A damaged recording is compared on what could be read; say so on stderr.
-            try:
-                check = scan(p)
-            except RecordingError as exc:
-                print(f"rltperf compare: error: {exc}", file=sys.stderr)
-                return 1
-            if not check.records_read:
-                why = f" ({check.warning})" if check.warning else ""
-                print(f"rltperf compare: error: {p}: no readable records{why}", file=sys.stderr)
-                return 1
-            if check.warning:
-                print(f"rltperf compare: warning: {p}: {check.warning}", file=sys.stderr)
+            rc = check_recording(p, "compare")
+            if rc is not None:
+                return rc
     try:
         if kinds[0] == "bundle":
             if len(paths) != 2:

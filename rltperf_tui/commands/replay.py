@@ -38,9 +38,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"rltperf replay: error: {bad}", file=sys.stderr)
         return 2
     from engine_adapters.base import AdapterError
-    from engine_adapters.recording import RecordingError, scan
     from engine_adapters.replay import ReplayAdapter
     from rltperf_tui.app import TargetSpec
+    from rltperf_tui.commands.common import check_recording
 
     specs = []
     for f in args.files:
@@ -49,17 +49,9 @@ def run(args: argparse.Namespace) -> int:
             return 1
         # Read it through once first: damage is reported here, on the terminal the
         # screen returns to, and a file with nothing readable never opens an empty screen.
-        try:
-            check = scan(f)
-        except RecordingError as exc:
-            print(f"rltperf replay: error: {exc}", file=sys.stderr)
-            return 1
-        if not check.records_read:
-            why = f" ({check.warning})" if check.warning else ""
-            print(f"rltperf replay: error: {f}: no readable records{why}", file=sys.stderr)
-            return 1
-        if check.warning:
-            print(f"rltperf replay: warning: {f}: {check.warning}", file=sys.stderr)
+        rc = check_recording(f, "replay")
+        if rc is not None:
+            return rc
         adapter = ReplayAdapter(f, speed=args.speed, loop=args.loop)
         try:
             session = adapter.connect()
