@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from engine_adapters.base import Adapter, AdapterConnectionError, AdapterTargetError, Session
+from engine_adapters.base import Adapter, AdapterConnectionError, AdapterTargetError, ReplayControl, Session
 from engine_adapters.recording import SUFFIX, RecordingError, RecordingReader
 from engine_adapters.records import (
     DeviceSample,
@@ -35,7 +35,7 @@ def record_time(rec: Record) -> int | None:
     return None
 
 
-class ReplaySession(Session):
+class ReplaySession(Session, ReplayControl):
     """Plays a recording.  ``speed`` 1.0 = real time, 0 = as fast as it can be read."""
 
     def __init__(self, path: str, speed: float = 1.0, loop: bool = False) -> None:
@@ -225,6 +225,8 @@ class ReplayAdapter(Adapter):
 
     NAME: ClassVar[str] = "replay"
     SCHEMES: ClassVar[tuple[str, ...]] = ("replay://", "file://")
+    SUFFIXES: ClassVar[tuple[str, ...]] = (SUFFIX,)
+    TARGET_FORM: ClassVar[str] = "a recording file"
     IS_LIVE: ClassVar[bool] = False
     DESCRIPTION: ClassVar[str] = "a recording made by `rltperf record` or the `r` key"
 
@@ -242,9 +244,12 @@ class ReplayAdapter(Adapter):
 
     @classmethod
     def accepts(cls, target: str) -> bool:
-        if any(target.startswith(s) for s in cls.SCHEMES):
+        """A ``replay://`` or ``file://`` target, or any existing path without a scheme
+        (a recording is known by its header, not its name; a missing ``x.rltrec`` is
+        refused here so that the registry says it is neither a target nor a file)."""
+        if cls.scheme_of(target) is not None:
             return True
-        return target.endswith(SUFFIX) or ("://" not in target and os.path.isfile(target))
+        return "://" not in target and os.path.exists(target)
 
     def connect(self) -> ReplaySession:
         try:

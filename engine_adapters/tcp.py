@@ -13,6 +13,7 @@ from engine_adapters.base import (
     Adapter,
     AdapterConnectionError,
     AdapterTargetError,
+    Reconnecting,
     Session,
     new_capture_id,
 )
@@ -307,11 +308,12 @@ class ProbeSession(Session):
         return self._state
 
 
-class ProbeAdapter(Adapter):
+class ProbeAdapter(Adapter, Reconnecting):
     """``tcp://host:port``: subscribe to an rltperf probe inside an engine."""
 
     NAME: ClassVar[str] = "tcp"
     SCHEMES: ClassVar[tuple[str, ...]] = ("tcp://",)
+    TARGET_FORM: ClassVar[str] = "tcp://HOST:PORT"
     SUPPORTS_CAPTURE: ClassVar[bool] = True
     SUPPORTS_RECONNECT: ClassVar[bool] = True
     DESCRIPTION: ClassVar[str] = (

@@ -44,7 +44,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from engine_adapters.base import Adapter, AdapterError, Session
+from engine_adapters.base import Adapter, AdapterError, Reconnecting, ReplayControl, Session
 from engine_adapters.recording import RecordingError, RecordingWriter
 from engine_adapters.records import MAX_CAPTURE_STEPS, Ceiling, Record, SessionEvent, StageTable, StepRecord
 from engine_adapters.registry import adapter_for
@@ -125,7 +125,7 @@ class TargetHandle:
         """False for a recording being replayed."""
         if self.adapter is not None:
             return bool(self.adapter.IS_LIVE)
-        return not hasattr(self.session, "set_speed")
+        return not isinstance(self.session, ReplayControl)
 
     @property
     def supports_capture(self) -> bool:
@@ -136,19 +136,16 @@ class TargetHandle:
         """``replay 00:12.3 / 01:05.0 · 2× ▶`` (position / length in the recording's own
         time, speed, playing/paused/ended) for a replay, None for a live target."""
         s = self.session
-        if s is None or not hasattr(s, "set_speed"):
+        if not isinstance(s, ReplayControl):
             return None
-        speed = float(getattr(s, "speed", 1.0))
+        speed = float(s.speed)
         sp = "as fast as read" if speed == 0 else f"{speed:g}×"
-        where = ""
-        elapsed = getattr(s, "elapsed_ns", None)
-        if callable(elapsed):
-            length = getattr(s, "length_ns", None)
-            total = _clock(length) if length is not None else "…"
-            where = f"{_clock(elapsed())} / {total} · "
+        length = s.length_ns
+        total = _clock(length) if length is not None else "…"
+        where = f"{_clock(s.elapsed_ns())} / {total} · "
         if s.ended:
             return f"replay {where}{sp}, ended"
-        return f"replay {where}{sp} " + ("❚❚ paused" if getattr(s, "paused", False) else "▶")
+        return f"replay {where}{sp} " + ("❚❚ paused" if s.paused else "▶")
 
 
 def _clock(ns: int) -> str:
@@ -328,10 +325,8 @@ class MonitorApp(App[int]):
         try:
             if h.adapter is None:
                 h.adapter = adapter_for(h.target, **self.adapter_options)
-            retry = getattr(h.adapter, "session", None)
-            if self.wait and h.adapter.SUPPORTS_RECONNECT and callable(retry):
-                s: Session = retry()
-                return s
+            if self.wait and isinstance(h.adapter, Reconnecting):
+                return h.adapter.session()
             return h.adapter.connect()
         except AdapterError as exc:
             self.post_message(RecordsBatch(h.index, [SessionEvent(state="error", detail=str(exc))]))
@@ -726,21 +721,19 @@ class MonitorApp(App[int]):
     def action_replay_pause(self) -> None:
         """Play or pause every replayed recording."""
         for h in self.handles:
-            toggle = getattr(h.session, "toggle_pause", None)
-            if not h.live and callable(toggle):
-                toggle()
+            if not h.live and isinstance(h.session, ReplayControl):
+                h.session.toggle_pause()
         self.force_render()
 
     def action_replay_speed(self, factor: float) -> None:
         """Multiply the replay speed by ``factor`` (0 = as fast as read stays 0)."""
         for h in self.handles:
             s = h.session
-            set_speed = getattr(s, "set_speed", None)
-            if h.live or not callable(set_speed):
+            if h.live or not isinstance(s, ReplayControl):
                 continue
-            speed = float(getattr(s, "speed", 1.0))
+            speed = float(s.speed)
             if speed > 0:
-                set_speed(min(256.0, max(1 / 64, speed * factor)))
+                s.set_speed(min(256.0, max(1 / 64, speed * factor)))
         self.force_render()
 
     def action_help(self) -> None:

@@ -32,6 +32,7 @@ from engine_adapters.base import (
     Adapter,
     AdapterConnectionError,
     AdapterTargetError,
+    Reconnecting,
     Session,
     new_capture_id,
 )
@@ -477,11 +478,12 @@ class VllmSession(Session):
         return self._state
 
 
-class VllmAdapter(Adapter):
+class VllmAdapter(Adapter, Reconnecting):
     """``vllm+http://HOST:PORT``: metrics, metadata and captures of a vLLM server over HTTP."""
 
     NAME: ClassVar[str] = "vllm"
     SCHEMES: ClassVar[tuple[str, ...]] = ("vllm+http://", "vllm+https://")
+    TARGET_FORM: ClassVar[str] = "vllm+http://HOST:PORT"
     SUPPORTS_CAPTURE: ClassVar[bool] = True
     SUPPORTS_RECONNECT: ClassVar[bool] = True
     DESCRIPTION: ClassVar[str] = (

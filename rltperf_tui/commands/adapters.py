@@ -9,8 +9,10 @@ from engine_adapters.registry import available
 HELP = "list installed adapters and the targets they accept"
 DESCRIPTION = """\
 List the adapters installed in the `rltperf.adapters` entry-point group, the target
-forms each accepts, and what it reads.  An adapter that fails to import is shown as
-BROKEN with the error (exit 1)."""
+forms each accepts (schemes, file suffixes), and what it reads.  An adapter that fails
+to import is shown as BROKEN with the error (exit 1); the others still work.  When two
+adapters accept a target, a scheme beats a file suffix, the longer one wins, then a
+built-in adapter, then the name in alphabetical order."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
             bad += 1
             print(f"{name:8s} BROKEN: {exc}  ({entry.value})")
             continue
-        targets = ", ".join(f"{s}…" for s in cls.SCHEMES) or "(files)"
+        targets = ", ".join([f"{s}…" for s in cls.SCHEMES] + [f"*{x}" for x in cls.SUFFIXES]) or "(files)"
         print(f"{name:8s} {targets:32s} {cls.DESCRIPTION}")
         if args.long:
             print(f"{'':8s} {entry.value}")
