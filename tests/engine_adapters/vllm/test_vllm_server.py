@@ -237,7 +237,9 @@ def test_close_during_a_capture_is_bounded_and_stops_the_profiler(
         t0 = time.monotonic()
         session.close()
         took = time.monotonic() - t0
-        assert took < 0.5, f"close() took {took:.2f} s"
+        # two bounded waits of CLOSE_WAIT_S (the capture thread, sending the stop) plus a
+        # loaded machine's slack, inside the 1 s a quit may take (it took 10 s before)
+        assert took < 1.0, f"close() took {took:.2f} s"
 
         def start() -> int:
             req = urllib.request.Request(vllm_server.url + "/start_profile", data=b"{}", method="POST",
