@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -130,6 +131,15 @@ def open_targets(targets: list[str], options: dict[str, Any], wait: bool, prog: 
     failed: list[str] = []
     live_failed = False
     for t in targets:
+        if os.path.isfile(t):  # a recording: its damage is said here, before the screen opens
+            from rltperf_tui.commands.common import check_recording
+
+            rc = check_recording(t, prog)
+            if rc is not None:
+                for s in specs:
+                    if s.session is not None:
+                        s.session.close()
+                return None
         try:
             adapter = adapter_for(t, **options)
         except AdapterError as exc:

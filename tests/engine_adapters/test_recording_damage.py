@@ -213,6 +213,10 @@ def test_summary_compare_replay_exit_nonzero_when_nothing_was_read(tmp_path):
     assert res.returncode == 1 and "no readable records" in res.stderr
     res = run_rltperf("replay", str(junk))
     assert res.returncode == 1 and "no readable records" in res.stderr
+    res = run_rltperf("attach", str(junk))  # a recording given to attach: the same check
+    assert (
+        res.returncode == 1 and "rltperf attach: error:" in res.stderr and "no readable records" in res.stderr
+    )
 
 
 def test_compare_warns_on_stderr_and_compares_what_was_read(engine_recording, tmp_path):
