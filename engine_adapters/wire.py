@@ -103,6 +103,15 @@ def decode_body(body: bytes | memoryview) -> Record:
         raise FrameError(f"undecodable frame: {exc}") from None
 
 
+def _flatten_into(out: list[Record], rec: Record) -> None:
+    """Append a decoded frame's records: a ``Batch``'s own, or the record itself (no
+    reader above this module ever sees a ``Batch``)."""
+    if type(rec) is Batch:
+        out.extend(rec.records)
+    else:
+        out.append(rec)
+
+
 class FrameReader:
     """Incremental frame splitter for a byte stream (socket or file).
 
@@ -142,10 +151,7 @@ class FrameReader:
                     raise FrameError(f"bad record: {exc}") from None
                 except msgspec.DecodeError as exc:
                     raise FrameError(f"undecodable frame: {exc}") from None
-                if type(rec) is Batch:
-                    out.extend(rec.records)
-                else:
-                    out.append(rec)
+                _flatten_into(out, rec)
                 pos = end
         finally:
             mv.release()
@@ -353,10 +359,7 @@ class RecoveringFrameReader:
                 except (msgspec.ValidationError, msgspec.DecodeError):
                     pass
                 else:
-                    if type(rec) is Batch:
-                        out.extend(rec.records)
-                    else:
-                        out.append(rec)
+                    _flatten_into(out, rec)
                     i = e
                     continue
             i = s + 1
@@ -379,10 +382,7 @@ class RecoveringFrameReader:
             while pos < n:
                 end, rec, why = self._frame_at(pos, n, final)
                 if rec is not None:
-                    if type(rec) is Batch:
-                        out.extend(rec.records)
-                    else:
-                        out.append(rec)
+                    _flatten_into(out, rec)
                     pos = end
                     continue
                 if end == 0:

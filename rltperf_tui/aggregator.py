@@ -792,24 +792,23 @@ class TargetStats:
             return 0.0
         return max(0.0, (self.vouched_ns - self.last_end_ns) / 1e9)
 
-    def _window_cols(self, seconds: float | None, extra: int = 0) -> Any:
-        """``col(name)``: the rows of a step column that end inside the window of the last
-        ``seconds`` (None: all kept), copying only those rows (a whole-ring copy of the
-        stage matrix is megabytes, at every render tick); ``extra`` older rows before them
-        when kept (``col.rows`` says how many rows are the window's)."""
+    def _window_rows(self, seconds: float | None) -> int:
+        """How many of the newest kept steps end inside the window of the last ``seconds``
+        (None: all kept)."""
         rows = len(self.steps)
         if rows and seconds is not None:
-            end = self.steps.last("end")
             w0, _ = self.window_bounds(seconds)
-            rows -= int(np.searchsorted(end, w0, side="right"))
+            rows -= int(np.searchsorted(self.steps.last("end"), w0, side="right"))
+        return rows
+
+    def _window_cols(self, seconds: float | None, rows: int | None = None) -> Any:
+        """``col(name)``: the rows of a step column that end inside the window of the last
+        ``seconds`` (None: all kept), copying only those rows (a whole-ring copy of the
+        stage matrix is megabytes, at every render tick); ``rows``: ``_window_rows``
+        when the caller has it."""
+        if rows is None:
+            rows = self._window_rows(seconds)
         last = self.steps.last
-        if extra:
-
-            def col_x(name: str) -> np.ndarray:
-                return last(name, rows + extra)
-
-            col_x.rows = rows  # type: ignore[attr-defined]
-            return col_x
 
         def col(name: str) -> np.ndarray:
             return last(name, rows)
@@ -823,15 +822,11 @@ class TargetStats:
         stream); rates are ``engine_adapters.figures``'s, percentiles leave excluded steps
         (profiled, exporting, warm-up) and the requests in flight during them out."""
         w0, w1 = self.window_bounds(seconds)
-        colx = self._window_cols(seconds, extra=1)
-        n = int(colx.rows)
-        start_x = colx("start")
-        end_x = colx("end")
+        n = self._window_rows(seconds)
+        col = self._window_cols(seconds, n)
+        start_x = self.steps.last("start", n + 1)  # and the step before the window, when kept
+        end_x = self.steps.last("end", n + 1)
         k = start_x.size - n  # 1 when the step before the window is kept
-
-        def col(name: str) -> np.ndarray:
-            return colx(name)[k:]
-
         start = start_x[k:]
         end = end_x[k:]
         ids = col("step_id")
