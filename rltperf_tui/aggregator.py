@@ -13,7 +13,7 @@ The same code serves ``rltperf summary``, the live screen, ``compare`` and
 - goodput = completed requests per second meeting both SLOs (DistServe).
 
 The window figures (idle, MBU, tokens/s, steps/s, goodput) are defined once, in
-``engine_adapters.figures``: a window is wall time on the probe's clock, up to the
+``engine_adapters.definitions.figures``: a window is wall time on the probe's clock, up to the
 newest moment the data vouches for (a step's end, or a heartbeat between steps), so
 a quiet engine reads idle, and a hung one stops the clock (the screen says so).
 Profiled, exporting and warm-up steps leave every figure.  Time is data time, not the
@@ -31,8 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from engine_adapters import figures as F
-from engine_adapters.records import (
+from engine_adapters.definitions import figures as F
+from engine_adapters.definitions.histograms import (
+    PERCENTILE_METHOD,
+    bounded_percentiles,
+    capped_percentiles,
+    percentiles,
+    pool,
+)
+from engine_adapters.definitions.records import (
     FLAG_EXPORTING,
     FLAG_PROFILED,
     FLAG_WARMUP,
@@ -54,13 +61,6 @@ from engine_adapters.records import (
     StageTable,
     Stats,
     StepRecord,
-)
-from engine_adapters.vllm.histograms import (
-    PERCENTILE_METHOD,
-    bounded_percentiles,
-    capped_percentiles,
-    percentiles,
-    pool,
 )
 from rltperf_tui import roofline
 
@@ -514,7 +514,7 @@ class TargetStats:
     first_ns: int | None = None
     """The stream's first timestamp (a heartbeat or a step start), probe clock."""
     vouched_ns: int = 0
-    """The newest moment the data vouches for (``engine_adapters.figures``)."""
+    """The newest moment the data vouches for (``engine_adapters.definitions.figures``)."""
     in_step_since_ns: int = 0
     """The newest heartbeat found the engine inside a step begun then (0: between steps)."""
     ended: bool = False
@@ -769,7 +769,7 @@ class TargetStats:
     def window_bounds(self, seconds: float | None) -> tuple[int, int]:
         """``(w0, w1)`` of the window over the last ``seconds`` (None: the whole stream),
         probe clock: ``w1`` is the newest moment the data vouches for, ``w0`` never before
-        the stream's first timestamp (``engine_adapters.figures``)."""
+        the stream's first timestamp (``engine_adapters.definitions.figures``)."""
         w1 = self.vouched_ns
         first = self.first_ns if self.first_ns is not None else w1
         w0 = first if seconds is None else max(first, w1 - int(seconds * 1e9))
@@ -819,7 +819,7 @@ class TargetStats:
         self, seconds: float | None = 10.0, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
     ) -> Window:
         """Statistics over the window of the last ``seconds`` of data time (None: the whole
-        stream); rates are ``engine_adapters.figures``'s, percentiles leave excluded steps
+        stream); rates are ``engine_adapters.definitions.figures``'s, percentiles leave excluded steps
         (profiled, exporting, warm-up) and the requests in flight during them out."""
         w0, w1 = self.window_bounds(seconds)
         n = self._window_rows(seconds)

@@ -44,10 +44,17 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from engine_adapters.base import Adapter, AdapterError, Reconnecting, ReplayControl, Session
-from engine_adapters.recording import RecordingError, RecordingWriter
-from engine_adapters.records import MAX_CAPTURE_STEPS, Ceiling, Record, SessionEvent, StageTable, StepRecord
-from engine_adapters.registry import adapter_for
+from engine_adapters.definitions.records import (
+    MAX_CAPTURE_STEPS,
+    Ceiling,
+    Record,
+    SessionEvent,
+    StageTable,
+    StepRecord,
+)
+from engine_adapters.monitor.base import Adapter, AdapterError, Reconnecting, ReplayControl, Session
+from engine_adapters.monitor.recording import RecordingError, RecordingWriter
+from engine_adapters.monitor.registry import adapter_for
 from rltperf_tui import tune_gc_for_ingest
 from rltperf_tui.aggregator import TargetStats
 from rltperf_tui.triggers import STEP_FIGURES, Fire, TriggerSet

@@ -128,8 +128,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    from engine_adapters.base import AdapterError
-    from engine_adapters.recording import RecordingError
+    from engine_adapters.monitor.base import AdapterError
+    from engine_adapters.monitor.recording import RecordingError
 
     if args.command != "engine":  # the reference engine keeps Python's defaults, as an engine would
         from rltperf_tui import tune_gc_for_ingest

@@ -3,7 +3,7 @@
 A rule is ``FIGURE OP NUMBER``: ``step_ms>150``, ``gap_ms>50``, ``idle>0.3`` (or
 ``idle>30%``), ``mbu<0.2``, ``step_p99_ms>40``, ``ttft_p99_ms>500``.  Per-step rules
 (``step_ms``, ``gap_ms``) are checked on every step record as it arrives; window rules on
-the figures of the statistics window (``engine_adapters.figures``), at each check.
+the figures of the statistics window (``engine_adapters.definitions.figures``), at each check.
 
 When a rule fires and the target is not in its cooldown, a capture of N steps is asked
 for; a rule that fires during the cooldown, or after ``max_captures`` captures, is
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_adapters.records import StepRecord, TriggerInfo
+from engine_adapters.definitions.records import StepRecord, TriggerInfo
 
 STEP_FIGURES = {
     "step_ms": "a step's duration, ms (every step)",

@@ -21,8 +21,8 @@ def _modules_after(code: str) -> set[str]:
 
 def test_engine_adapters_never_imports_textual():
     mods = _modules_after(
-        "import engine_adapters, engine_adapters.records, engine_adapters.wire, engine_adapters.probe, "
-        "engine_adapters.tcp, engine_adapters.replay, engine_adapters.registry, engine_adapters.recording"
+        "import engine_adapters, engine_adapters.definitions.records, engine_adapters.definitions.wire, engine_adapters.probe, "
+        "engine_adapters.monitor.tcp, engine_adapters.monitor.replay, engine_adapters.monitor.registry, engine_adapters.monitor.recording"
     )
     assert "textual" not in mods and "rltperf_tui" not in mods
 

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from engine_adapters.definitions.contract import build_contract
+from engine_adapters.definitions.records import CaptureDone, CaptureFailed, to_builtins
 from engine_adapters.probe.capture import CaptureJob, sanitize_label
-from engine_adapters.probe.contract import build_contract
-from engine_adapters.records import CaptureDone, CaptureFailed, to_builtins
 
 if TYPE_CHECKING:
     from engine_adapters.probe.core import Probe
@@ -389,7 +389,7 @@ def _trigger_meta(job: CaptureJob) -> dict[str, Any] | None:
 def _ceiling(info: Any) -> dict[str, Any] | None:
     """The device ceiling the monitor used (for the report's roofline), or None."""
     try:
-        from engine_adapters.ceilings import ceiling_for
+        from engine_adapters.definitions.ceilings import ceiling_for
 
         c = ceiling_for(info.device, info.dtype, quick=False)
     except Exception:
@@ -409,7 +409,7 @@ def _meta(
     import torch
 
     from engine_adapters import __version__
-    from engine_adapters.records import SCHEMA_VERSION
+    from engine_adapters.definitions.records import SCHEMA_VERSION
 
     info = probe.engine_info
     acts = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

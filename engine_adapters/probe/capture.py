@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from time import perf_counter_ns as _clk
 from typing import TYPE_CHECKING, Any
 
-from engine_adapters.records import (
+from engine_adapters.definitions.records import (
     CAPTURE_ID_PATTERN,
     FLAG_PROFILED,
     FLAG_PROFILER_WARMUP,

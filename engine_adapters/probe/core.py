@@ -22,13 +22,7 @@ from collections.abc import Iterable
 from time import perf_counter_ns as _clk
 from typing import Any
 
-from engine_adapters.probe.capture import (
-    IDLE_TIMEOUT_S,
-    SNAPSHOT_BUDGET_BYTES,
-    SNAPSHOT_BUDGET_COUNT,
-    CaptureController,
-)
-from engine_adapters.records import (
+from engine_adapters.definitions.records import (
     FLAG_PROFILED,
     FLAG_PROFILER_WARMUP,
     STANDARD_STAGES,
@@ -36,7 +30,13 @@ from engine_adapters.records import (
     RequestRecord,
     engine_info_from,
 )
-from engine_adapters.wire import DEFAULT_LISTEN, is_loopback, parse_hostport
+from engine_adapters.definitions.wire import DEFAULT_LISTEN, is_loopback, parse_hostport
+from engine_adapters.probe.capture import (
+    IDLE_TIMEOUT_S,
+    SNAPSHOT_BUDGET_BYTES,
+    SNAPSHOT_BUDGET_COUNT,
+    CaptureController,
+)
 
 log = logging.getLogger("rltperf.probe")
 
@@ -307,7 +307,7 @@ class Probe:
 
                 self._prometheus = PrometheusExporter(self, prometheus_port)
             if sample_devices:
-                from engine_adapters.devices import SamplerThread
+                from engine_adapters.probe.devices import SamplerThread
 
                 info = self.engine_info
                 self._sampler = SamplerThread(

@@ -33,7 +33,7 @@ rltperf_device_utilization_ratio             gauge      NVML utilisation (coarse
 rltperf_device_memory_used_bytes             gauge      device memory used, label ``device``
 ===========================================  =========  ===========================================
 
-The window gauges are ``engine_adapters.figures``'s definitions, the same code the
+The window gauges are ``engine_adapters.definitions.figures``'s definitions, the same code the
 monitor and ``rltperf summary`` run: the window is the last ``window_s`` of wall time
 up to the moment of the scrape (up to the start of a step still running), so the
 gauges move to idle 1 and MBU 0 when the engine stops stepping instead of freezing at
@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine_adapters import figures as F
-from engine_adapters.records import (
+from engine_adapters.definitions import figures as F
+from engine_adapters.definitions.records import (
     FLAG_PROFILED,
     CaptureDone,
     CaptureFailed,
@@ -235,7 +235,7 @@ class PrometheusExporter:
         )
         self.peak_bw_gbps: float | None = None
         try:
-            from engine_adapters.ceilings import ceiling_for
+            from engine_adapters.definitions.ceilings import ceiling_for
 
             c = ceiling_for(info.device, info.dtype)
         except Exception:
@@ -333,7 +333,7 @@ class PrometheusExporter:
 
     def window_figures(self, now_ns: int | None = None) -> tuple[float | None, float | None]:
         """(idle fraction, MBU) over the last ``window_s`` of wall time up to now (up to
-        the start of a step still running), by ``engine_adapters.figures``."""
+        the start of a step still running), by ``engine_adapters.definitions.figures``."""
         now = _clk() if now_ns is None else now_ns
         since = self.probe.in_step_since()
         with self._lock:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from engine_adapters import __version__
-from engine_adapters.records import (
+from engine_adapters.definitions.records import (
     FLAG_EXPORTING,
     SCHEMA_VERSION,
     Bye,
@@ -43,7 +43,7 @@ from engine_adapters.records import (
     Stats,
     StepRecord,
 )
-from engine_adapters.wire import FrameEncoder, FrameError, FrameReader, encode
+from engine_adapters.definitions.wire import FrameEncoder, FrameError, FrameReader, encode
 
 if TYPE_CHECKING:
     from engine_adapters.probe.core import Probe, StepSlot
@@ -515,7 +515,7 @@ class Publisher(threading.Thread):
 
     def _hello(self) -> bytes:
         if self._hello_cache is None:
-            from engine_adapters.ceilings import ceiling_for
+            from engine_adapters.definitions.ceilings import ceiling_for
 
             probe = self.probe
             info = probe.engine_info

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from engine_adapters import __version__
-from engine_adapters.probe.contract import code_state
+from engine_adapters.definitions.contract import code_state
 from engine_adapters.reference.analytic import DTYPE_BYTES, StepCounter, param_count
 from engine_adapters.reference.batch import RowSpec, StepBatch
 from engine_adapters.reference.exits import ExitPolicy, parse_exit, parse_exit_mode

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from engine_adapters import figures as F
-from engine_adapters.records import (
+from engine_adapters.definitions import figures as F
+from engine_adapters.definitions.records import (
     Ceiling,
     EngineInfo,
     to_builtins,
@@ -182,7 +182,7 @@ def _series_part(
         rkeep[inb] = ~(ps[j[inb]] < fin[inb])
     k = int(keep.sum())
     # Time is the recording's wall time, tiled by the steps (each owns the time since the
-    # previous step's end; engine_adapters.figures): excluded steps take theirs out, and
+    # previous step's end; engine_adapters.definitions.figures): excluded steps take theirs out, and
     # the quiet tail after the last step belongs to the last block.
     w0, w1 = stats.window_bounds(None)
     owned = (end - F.owned_from(start, end, w0)).astype(np.float64)

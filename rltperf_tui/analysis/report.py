@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from engine_adapters import traces as T
-from engine_adapters.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
+from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
+from rltperf_tui.analysis import traces as T
 from rltperf_tui.elide import elide
 
 PROFILED_NOTE = (

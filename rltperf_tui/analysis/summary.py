@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from engine_adapters.recording import RecordingReader
-from engine_adapters.records import Ceiling
+from engine_adapters.definitions.records import Ceiling
+from engine_adapters.monitor.recording import RecordingReader
 from rltperf_tui.aggregator import TargetStats
 
 

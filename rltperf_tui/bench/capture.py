@@ -92,7 +92,7 @@ def _med(v: list[float]) -> float | None:
 
 
 def _one_capture(session: Any, mode: str, steps: int, history: list[Any]) -> dict[str, Any]:
-    from engine_adapters.records import (
+    from engine_adapters.definitions.records import (
         FLAG_EXPORTING,
         FLAG_PROFILED,
         FLAG_WARMUP,
@@ -186,8 +186,8 @@ def _one_capture(session: Any, mode: str, steps: int, history: list[Any]) -> dic
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from engine_adapters.records import StepRecord
-    from engine_adapters.registry import adapter_for
+    from engine_adapters.definitions.records import StepRecord
+    from engine_adapters.monitor.registry import adapter_for
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     tmp = None

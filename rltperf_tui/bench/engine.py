@@ -4,7 +4,7 @@ Both figures come from one run, interleaved round by round (copy, decode, copy, 
 …), so that drift from other tenants hits both alike:
 
 - copy bandwidth: measured exactly as ``rltperf calibrate`` measures the MBU ceiling
-  (``engine_adapters.calibrate``): a large array copy (default 1 GiB, far above the
+  (``engine_adapters.definitions.calibrate``): a large array copy (default 1 GiB, far above the
   caches), counted STREAM-style as bytes read + bytes written (2 x size); on a CPU the
   faster of NumPy's memcpy and torch's multi-threaded ``copy_`` on all cores, on CUDA a
   device-to-device copy timed with CUDA events;
@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def copy_gbps(device: str, nbytes: int) -> tuple[float, str]:
     """Copy bandwidth of ``device`` (GB/s, read + write) the way ``rltperf calibrate`` times it."""
-    from engine_adapters import calibrate
+    from engine_adapters.definitions import calibrate
 
     if device.startswith("cuda"):
         idx = int(device.split(":", 1)[1]) if ":" in device else 0

@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def synthetic_stream(n: int, seed: int = 1) -> tuple[bytes, int]:
     """Frames of ``n`` records shaped like a looped engine's stream, and the step count."""
-    from engine_adapters.records import (
+    from engine_adapters.definitions.records import (
         STANDARD_STAGES,
         DeviceSample,
         EngineInfo,
@@ -64,7 +64,7 @@ def synthetic_stream(n: int, seed: int = 1) -> tuple[bytes, int]:
         Stats,
         StepRecord,
     )
-    from engine_adapters.wire import FrameEncoder
+    from engine_adapters.definitions.wire import FrameEncoder
 
     rng = random.Random(seed)
     enc = FrameEncoder()
@@ -100,7 +100,7 @@ def synthetic_stream(n: int, seed: int = 1) -> tuple[bytes, int]:
 
 def decode_aggregate_rate(n: int) -> dict[str, Any]:
     """Records/s of FrameReader.feed + TargetStats.add, and of each alone (one thread)."""
-    from engine_adapters.wire import FrameReader
+    from engine_adapters.definitions.wire import FrameReader
     from rltperf_tui.aggregator import TargetStats
 
     data, steps = synthetic_stream(n)
@@ -177,7 +177,7 @@ def tui_cost(duration: float, rate: float, refresh: float) -> dict[str, Any]:
 
     import psutil
 
-    from engine_adapters.wire import parse_hostport
+    from engine_adapters.definitions.wire import parse_hostport
 
     snaps = tempfile.mkdtemp(prefix="rltperf-bench-ingest-")
     env = dict(os.environ)

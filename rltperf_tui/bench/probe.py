@@ -24,8 +24,8 @@ DESCRIPTION = __doc__ or HELP
 
 _SUBSCRIBER = r"""
 import sys, time
-from engine_adapters.tcp import ProbeAdapter
-from engine_adapters.records import StepRecord
+from engine_adapters.monitor.tcp import ProbeAdapter
+from engine_adapters.definitions.records import StepRecord
 s = ProbeAdapter(sys.argv[1], reconnect=False).connect()
 n = 0
 print("ready", flush=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine_adapters.registry import available
+from engine_adapters.monitor.registry import available
 
 HELP = "list installed adapters and the targets they accept"
 DESCRIPTION = """\

@@ -123,8 +123,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def open_targets(targets: list[str], options: dict[str, Any], wait: bool, prog: str) -> list[Any] | None:
     """Connect to every target before the screen opens, so a wrong address is a clear
     message on the terminal.  Returns ``TargetSpec``s, or None after printing why."""
-    from engine_adapters.base import AdapterError
-    from engine_adapters.registry import adapter_for
+    from engine_adapters.monitor.base import AdapterError
+    from engine_adapters.monitor.registry import adapter_for
     from rltperf_tui.app import TargetSpec
 
     specs: list[TargetSpec] = []

@@ -72,7 +72,7 @@ def _fmt(r: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine_adapters import ceilings
+    from engine_adapters.definitions import ceilings
 
     if args.show:
         data = ceilings.load_calibrations()
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if args.copy_mib is not None and args.copy_mib < 1:
         print("rltperf calibrate: --copy-mib must be at least 1", file=sys.stderr)
         return 2
-    from engine_adapters import calibrate
+    from engine_adapters.definitions import calibrate
 
     if not args.json:
         print(f"calibrating {dev} (a few seconds)...", file=sys.stderr)

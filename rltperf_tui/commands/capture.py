@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from engine_adapters.records import (
+from engine_adapters.definitions.records import (
     MAX_CAPTURE_STEPS,
     CaptureDone,
     CaptureExporting,

@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from engine_adapters.base import Adapter, AdapterTargetError, Session
-from engine_adapters.registry import adapter_for
+from engine_adapters.monitor.base import Adapter, AdapterTargetError, Session
+from engine_adapters.monitor.registry import adapter_for
 
 
 def add_target_options(p: argparse.ArgumentParser) -> None:
@@ -49,7 +49,7 @@ def check_recording(path: str, prog: str) -> int | None:
     """Read a recording through once before using it: damage is said on stderr (a
     warning), and a file with nothing readable is an error.  Returns the exit status to
     stop with, or None to go on."""
-    from engine_adapters.recording import RecordingError, scan
+    from engine_adapters.monitor.recording import RecordingError, scan
 
     try:
         check = scan(path)

@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         print(f"rltperf demo: error: {bad}", file=sys.stderr)
         return 2
-    from engine_adapters.tcp import ProbeAdapter
+    from engine_adapters.monitor.tcp import ProbeAdapter
     from rltperf_tui.app import MonitorApp, TargetSpec
 
     port = args.port or free_port()

@@ -197,7 +197,7 @@ def attach_target(address: str) -> str:
     """
     import socket
 
-    from engine_adapters.wire import parse_hostport
+    from engine_adapters.definitions.wire import parse_hostport
 
     host, port = parse_hostport(address)
     if host in ("0.0.0.0", "::", ""):
@@ -273,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     prom_host: str | None = None
     prom_port = args.prometheus_port
     if args.prometheus_listen is not None:
-        from engine_adapters.wire import parse_hostport
+        from engine_adapters.definitions.wire import parse_hostport
 
         try:
             prom_host, prom_port = parse_hostport(args.prometheus_listen, default_port=-1)
@@ -325,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"rltperf engine: probe listening on {probe.address}; attach: {attach_hint(target, probe.token)}",
           flush=True)  # fmt: skip
     if exporter is not None:
-        from engine_adapters.wire import is_loopback
+        from engine_adapters.definitions.wire import is_loopback
 
         host = exporter.address.rsplit(":", 1)[0].strip("[]")
         reach = "loopback only" if is_loopback(host) else "no authentication: anyone who can reach it"

@@ -6,8 +6,8 @@ import argparse
 import sys
 import time
 
-from engine_adapters.recording import RecordingWriter
-from engine_adapters.records import SessionEvent, StepRecord
+from engine_adapters.definitions.records import SessionEvent, StepRecord
+from engine_adapters.monitor.recording import RecordingWriter
 from rltperf_tui.commands.common import Progress, add_target_options, open_session, target_options
 
 HELP = "record a target's live stream to a .rltrec file (unprofiled baseline)"

@@ -37,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         print(f"rltperf replay: error: {bad}", file=sys.stderr)
         return 2
-    from engine_adapters.base import AdapterError
-    from engine_adapters.replay import ReplayAdapter
+    from engine_adapters.monitor.base import AdapterError
+    from engine_adapters.monitor.replay import ReplayAdapter
     from rltperf_tui.app import TargetSpec
     from rltperf_tui.commands.common import check_recording
 

@@ -20,9 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_adapters.base import AdapterError, Session
-from engine_adapters.recording import RecordingError, RecordingWriter
-from engine_adapters.records import (
+from engine_adapters.definitions.records import (
     Bye,
     CaptureDone,
     CaptureFailed,
@@ -31,6 +29,8 @@ from engine_adapters.records import (
     SessionEvent,
     StepRecord,
 )
+from engine_adapters.monitor.base import AdapterError, Session
+from engine_adapters.monitor.recording import RecordingError, RecordingWriter
 from rltperf_tui.aggregator import TargetStats
 from rltperf_tui.commands.common import Progress, add_target_options, open_session, target_options
 from rltperf_tui.triggers import GRAMMAR, Fire, RuleError, TriggerSet

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapters.probe.contract import CONTRACT_FIELDS
-from engine_adapters.records import CaptureDone, CaptureFailed, Refused, StepRecord
-from engine_adapters.tcp import ProbeAdapter
+from engine_adapters.definitions.contract import CONTRACT_FIELDS
+from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Refused, StepRecord
+from engine_adapters.monitor.tcp import ProbeAdapter
 from tests.conftest import LOOP_ENGINE, run_rltperf, start_engine
 
 

@@ -14,8 +14,14 @@ import statistics
 import time
 from pathlib import Path
 
-from engine_adapters.records import FLAG_EXPORTING, CaptureDone, CaptureFailed, Refused, StepRecord
-from engine_adapters.tcp import ProbeAdapter
+from engine_adapters.definitions.records import (
+    FLAG_EXPORTING,
+    CaptureDone,
+    CaptureFailed,
+    Refused,
+    StepRecord,
+)
+from engine_adapters.monitor.tcp import ProbeAdapter
 from tests.conftest import start_engine
 
 

@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 
-from engine_adapters.probe import Probe
-from engine_adapters.records import (
+from engine_adapters.definitions.records import (
     Capture,
     CaptureDone,
     CaptureFailed,
     CaptureProgress,
     Refused,
 )
-from engine_adapters.tcp import ProbeAdapter, ProbeSession
-from engine_adapters.wire import encode
+from engine_adapters.definitions.wire import encode
+from engine_adapters.monitor.tcp import ProbeAdapter, ProbeSession
+from engine_adapters.probe import Probe
 from tests.conftest import run_rltperf
 
 
@@ -249,7 +249,7 @@ def test_capture_ids_that_could_name_a_path_are_refused(paced, tmp_path, bad_id)
 
 
 def test_vllm_path_refuses_bad_capture_ids():
-    from engine_adapters.vllm.capture import validate_request
+    from engine_adapters.monitor.vllm.capture import validate_request
 
     assert "invalid capture id" in (validate_request(4, "ops", "x/../../etc") or "")
     assert validate_request(4, "ops", "0123abcdef45") is None

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from engine_adapters import calibrate, ceilings
-from engine_adapters.ceilings import canonical_dtype, ceiling_for, match_spec, spec_ceiling
+from engine_adapters.definitions import calibrate, ceilings
+from engine_adapters.definitions.ceilings import canonical_dtype, ceiling_for, match_spec, spec_ceiling
 
 
 @pytest.fixture

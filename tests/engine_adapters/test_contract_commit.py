@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapters.probe.contract import build_contract, code_state, git_state, is_unknown
-from engine_adapters.records import EngineInfo
+from engine_adapters.definitions.contract import build_contract, code_state, git_state, is_unknown
+from engine_adapters.definitions.records import EngineInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,10 +12,10 @@ import pynvml
 import pytest
 from fake_pynvml import FakeGpu, FakeNvml
 
-from engine_adapters import devices
-from engine_adapters.devices import NvmlSampler, SamplerThread, cuda_ordinals
-from engine_adapters.records import DeviceSample
-from engine_adapters.wire import FrameReader, encode
+from engine_adapters.definitions.records import DeviceSample
+from engine_adapters.definitions.wire import FrameReader, encode
+from engine_adapters.probe import devices
+from engine_adapters.probe.devices import NvmlSampler, SamplerThread, cuda_ordinals
 
 MIB = 1 << 20
 

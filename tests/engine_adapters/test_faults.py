@@ -16,10 +16,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from engine_adapters.base import AdapterConnectionError
-from engine_adapters.records import ClientHello, StepRecord
-from engine_adapters.tcp import ProbeAdapter
-from engine_adapters.wire import encode
+from engine_adapters.definitions.records import ClientHello, StepRecord
+from engine_adapters.definitions.wire import encode
+from engine_adapters.monitor.base import AdapterConnectionError
+from engine_adapters.monitor.tcp import ProbeAdapter
 from rltperf_tui.analysis.summary import load_recording
 from tests.conftest import LOOP_ENGINE, ROOT, start_engine
 
@@ -152,7 +152,7 @@ def test_token_required_off_loopback_and_checked():
 
 
 def test_engine_restart_shows_reconnecting_then_resumes(tmp_path):
-    from engine_adapters.records import SessionEvent
+    from engine_adapters.definitions.records import SessionEvent
 
     eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--snapshots", str(tmp_path), "--no-warm"])
     port = eng.address.rsplit(":", 1)[1]
@@ -210,7 +210,7 @@ def _pinger(
 ) -> None:
     """A raw socket client: hello, then pings (``per_s`` a second, or as fast as the
     socket takes them), never reading a reply.  Reconnects when closed if told to."""
-    from engine_adapters.records import SCHEMA_VERSION, Ping
+    from engine_adapters.definitions.records import SCHEMA_VERSION, Ping
 
     host, port = address.rsplit(":", 1)
     ping = encode(Ping())

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from engine_adapters.definitions.records import Hello, RequestRecord, StageTable, Stats, StepRecord
+from engine_adapters.monitor.tcp import ProbeAdapter
 from engine_adapters.probe import Probe, now_ns
-from engine_adapters.records import Hello, RequestRecord, StageTable, Stats, StepRecord
-from engine_adapters.tcp import ProbeAdapter
 
 
 @pytest.fixture
@@ -160,7 +160,7 @@ def test_step_without_with_and_mark_overflow_are_safe(probe):
 
 
 def test_close_ships_every_record_before_the_bye():
-    from engine_adapters.records import Bye
+    from engine_adapters.definitions.records import Bye
 
     p = Probe("127.0.0.1:0", {"name": "unit"}, warm_profiler=False, sample_devices=False)
     s = ProbeAdapter(f"tcp://{p.address}", reconnect=False).connect()

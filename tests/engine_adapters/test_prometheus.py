@@ -33,7 +33,7 @@ def _one(s: dict[str, dict[tuple[tuple[str, str], ...], float]], name: str, **la
 @pytest.mark.slow
 def test_prometheus_endpoint_parses_and_agrees_with_summary(tmp_path: Path) -> None:
     # A calibration cache of our own: the probe's ceiling (and so MBU) comes from it.
-    from engine_adapters.probe.contract import cpu_model
+    from engine_adapters.definitions.contract import cpu_model
 
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -80,9 +80,9 @@ def test_prometheus_endpoint_parses_and_agrees_with_summary(tmp_path: Path) -> N
         prom = line.split()[1]
         # record every step: the recorder attaches during the engine's start delay, and
         # stops once all STEPS steps (and the requests they finish) have arrived
-        from engine_adapters.recording import RecordingWriter
-        from engine_adapters.records import StepRecord
-        from engine_adapters.registry import adapter_for
+        from engine_adapters.definitions.records import StepRecord
+        from engine_adapters.monitor.recording import RecordingWriter
+        from engine_adapters.monitor.registry import adapter_for
 
         sess = adapter_for(eng.target, reconnect=False).connect()
         steps = 0
@@ -116,7 +116,7 @@ def test_prometheus_endpoint_parses_and_agrees_with_summary(tmp_path: Path) -> N
     assert tokens == pytest.approx(
         summ["tokens_per_s"] * summ["wall_s"], rel=1e-5
     )  # wall_s is rounded to 1 us
-    # The gauges cover the last 10 s of wall time up to the scrape (engine_adapters.figures),
+    # The gauges cover the last 10 s of wall time up to the scrape (engine_adapters.definitions.figures),
     # the summary the recording's wall time: the same busy time and bytes over two windows.
     # The gauge's window must be the one it claims: from at least the recording's span
     # (the probe started before the recorder attached, the scrape came after it left)
@@ -155,8 +155,8 @@ def test_prometheus_endpoint_parses_and_agrees_with_summary(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_prometheus_counts_captures(tmp_path: Path) -> None:
-    from engine_adapters.records import CaptureDone
-    from engine_adapters.registry import adapter_for
+    from engine_adapters.definitions.records import CaptureDone
+    from engine_adapters.monitor.registry import adapter_for
 
     eng = start_engine(
         [

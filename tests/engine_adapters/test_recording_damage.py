@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_adapters.recording import MAGIC, RecordingReader, read_all
-from engine_adapters.records import Batch, Record, StepRecord
-from engine_adapters.wire import decode_body
+from engine_adapters.definitions.records import Batch, Record, StepRecord
+from engine_adapters.definitions.wire import decode_body
+from engine_adapters.monitor.recording import MAGIC, RecordingReader, read_all
 from tests.conftest import LOOP_ENGINE, ROOT, run_rltperf, start_engine
 
 DEMO = ROOT / "tests" / "ui" / "data" / "demo.rltrec"
@@ -191,7 +191,7 @@ def test_summary_warns_with_offsets_and_exits_0_when_something_was_read(tmp_path
     assert res.returncode == 0, res.stderr
     assert "warning" in res.stderr and f"at byte {last[0]}" in res.stderr
     _, good = read_all(DEMO)
-    from engine_adapters.figures import EXCLUDED_FLAGS
+    from engine_adapters.definitions.figures import EXCLUDED_FLAGS
 
     def baseline(recs: list[Record]) -> int:  # summary counts baseline steps (not profiled)
         return sum(isinstance(x, StepRecord) and not x.flags & EXCLUDED_FLAGS for x in recs)

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapters import registry
-from engine_adapters.base import Adapter, AdapterTargetError, Reconnecting, ReplayControl, Session
-from engine_adapters.recording import SUFFIX, RecordingWriter
-from engine_adapters.records import Record
-from engine_adapters.registry import adapter_for, available, candidates
-from engine_adapters.replay import ReplayAdapter, ReplaySession
-from engine_adapters.tcp import ProbeAdapter
-from engine_adapters.vllm.adapter import VllmAdapter
+from engine_adapters.definitions.records import Record
+from engine_adapters.monitor import registry
+from engine_adapters.monitor.base import Adapter, AdapterTargetError, Reconnecting, ReplayControl, Session
+from engine_adapters.monitor.recording import SUFFIX, RecordingWriter
+from engine_adapters.monitor.registry import adapter_for, available, candidates
+from engine_adapters.monitor.replay import ReplayAdapter, ReplaySession
+from engine_adapters.monitor.tcp import ProbeAdapter
+from engine_adapters.monitor.vllm.adapter import VllmAdapter
 from tests.conftest import ROOT
 
 TOY = Path(__file__).resolve().parent / "toy"

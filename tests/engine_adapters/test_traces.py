@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engine_adapters import traces as T
+from rltperf_tui.analysis import traces as T
 
 
 def X(
@@ -178,8 +178,8 @@ def test_memory_peaks_from_memory_events() -> None:
 @pytest.mark.slow
 def test_real_capture_idle_matches_known_sleeps(tmp_path: Path) -> None:
     """A loop that sleeps 100 ms between 1-op steps of ~100 ms: trace idle = sleeps ± 1 pp."""
-    from engine_adapters.records import CaptureDone, CaptureFailed, Refused
-    from engine_adapters.registry import adapter_for
+    from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Refused
+    from engine_adapters.monitor.registry import adapter_for
     from tests.conftest import LOOP_ENGINE, start_engine
 
     truth = tmp_path / "truth.json"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_adapters.records import (
+from engine_adapters.definitions.records import (
     SCHEMA_VERSION,
     Capture,
     ClientHello,
@@ -20,7 +20,14 @@ from engine_adapters.records import (
     StepRecord,
     to_builtins,
 )
-from engine_adapters.wire import MAX_FRAME, FrameEncoder, FrameError, FrameReader, encode, parse_hostport
+from engine_adapters.definitions.wire import (
+    MAX_FRAME,
+    FrameEncoder,
+    FrameError,
+    FrameReader,
+    encode,
+    parse_hostport,
+)
 
 
 def test_round_trip_every_frame_split():
@@ -124,7 +131,7 @@ def test_parse_hostport_errors(addr):
 
 
 def test_batched_frames_keep_order_and_flatten():
-    from engine_adapters.records import Bye, Stats
+    from engine_adapters.definitions.records import Bye, Stats
 
     recs = [
         StepRecord(step_id=1, start_ns=1, end_ns=2),

@@ -12,7 +12,7 @@ failure is recorded and the rest still run):
                (should read high, >= 0.5), beside the copy's own bytes/s and NVML util
   gpm_sleep    the same readings across 2 s of sleep (should read near zero, < 0.05)
   thread       SamplerThread end to end (devices=["cuda:0"]): kinds and counts
-  calibrate    engine_adapters.calibrate on cuda:0 (copy GB/s, matmul GFLOP/s) vs spec
+  calibrate    engine_adapters.definitions.calibrate on cuda:0 (copy GB/s, matmul GFLOP/s) vs spec
   ceiling      ceiling_for("cuda:0") with no cache: the spec-table row matched
   capture      a Probe around a small GPU loop with CUDA-event busy time, a 3-step
                capture through a real socket: bundle, kernel events in the trace,
@@ -72,7 +72,7 @@ def _section(out: dict[str, Any], name: str, fn: Callable[[], dict[str, Any]]) -
 
 
 def _fields(sample: Any) -> dict[str, Any]:
-    from engine_adapters.records import to_builtins
+    from engine_adapters.definitions.records import to_builtins
 
     d = to_builtins(sample)
     d.pop("host_cpu", None)
@@ -85,7 +85,7 @@ def _fields(sample: Any) -> dict[str, Any]:
 def check_env(has_cuda: bool) -> dict[str, Any]:
     import torch
 
-    from engine_adapters.probe.contract import environment
+    from engine_adapters.definitions.contract import environment
 
     env = dict(environment())
     env["cuda_available"] = has_cuda
@@ -123,7 +123,7 @@ def check_cuda_events() -> dict[str, Any]:
 
 
 def check_nvml() -> dict[str, Any]:
-    from engine_adapters.devices import NvmlSampler
+    from engine_adapters.probe.devices import NvmlSampler
 
     s = NvmlSampler(["cuda:0"])
     try:
@@ -153,7 +153,7 @@ def check_nvml() -> dict[str, Any]:
 def check_gpm(sleep_too: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
-    from engine_adapters.devices import NvmlSampler
+    from engine_adapters.probe.devices import NvmlSampler
 
     s = NvmlSampler(["cuda:0"])
     src = torch.empty(GIB, dtype=torch.uint8, device="cuda").fill_(1)
@@ -197,7 +197,7 @@ def check_gpm(sleep_too: bool) -> tuple[dict[str, Any], dict[str, Any]]:
             "power_w": reads[-1].power_w,
             "sm_clock_mhz": reads[-1].sm_clock_mhz,
         }
-        from engine_adapters.ceilings import match_spec
+        from engine_adapters.definitions.ceilings import match_spec
 
         spec = match_spec(reads[-1].name)
         if spec and dram[-1] is not None:
@@ -231,7 +231,7 @@ def check_gpm(sleep_too: bool) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def check_thread(device: str) -> dict[str, Any]:
-    from engine_adapters.devices import SamplerThread
+    from engine_adapters.probe.devices import SamplerThread
 
     got: list[Any] = []
     th = SamplerThread(got.append, pid=os.getpid(), period_s=0.5, devices=[device])
@@ -248,7 +248,7 @@ def check_thread(device: str) -> dict[str, Any]:
 
 
 def check_calibrate(device: str) -> dict[str, Any]:
-    from engine_adapters import calibrate
+    from engine_adapters.definitions import calibrate
 
     r = calibrate.calibrate(device, repetitions=10)
     keep = ("device", "copy_gbps", "copy_bytes", "matmul_gflops_by_dtype", "matmul_n", "repetitions", "spec",
@@ -259,8 +259,8 @@ def check_calibrate(device: str) -> dict[str, Any]:
 
 
 def check_ceiling(device: str) -> dict[str, Any]:
-    from engine_adapters.ceilings import ceiling_for
-    from engine_adapters.records import to_builtins
+    from engine_adapters.definitions.ceilings import ceiling_for
+    from engine_adapters.definitions.records import to_builtins
 
     c = ceiling_for(device, "bfloat16")
     want = "spec table" if device.startswith("cuda") else "quick calibration"
@@ -270,9 +270,15 @@ def check_ceiling(device: str) -> dict[str, Any]:
 def check_capture(device: str, snapshots: str) -> dict[str, Any]:
     import torch
 
+    from engine_adapters.definitions.records import (
+        CaptureDone,
+        CaptureFailed,
+        DeviceSample,
+        Hello,
+        StepRecord,
+    )
+    from engine_adapters.monitor.tcp import ProbeAdapter
     from engine_adapters.probe import Probe
-    from engine_adapters.records import CaptureDone, CaptureFailed, DeviceSample, Hello, StepRecord
-    from engine_adapters.tcp import ProbeAdapter
 
     cuda = device.startswith("cuda")
     dt = torch.bfloat16 if cuda else torch.float32
@@ -409,7 +415,7 @@ def main() -> int:
         _section(
             out,
             "nvml",
-            lambda: {"note": __import__("engine_adapters.devices").devices.NvmlSampler(["cpu"]).note},
+            lambda: {"note": __import__("engine_adapters.probe.devices").devices.NvmlSampler(["cpu"]).note},
         )
     _section(out, "thread", lambda: check_thread(device))
     _section(out, "calibrate", lambda: check_calibrate(device))

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from engine_adapters.records import (
+from engine_adapters.definitions.records import (
     SCHEMA_VERSION,
     Ceiling,
     EngineInfo,

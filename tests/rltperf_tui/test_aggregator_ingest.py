@@ -10,7 +10,7 @@ import types
 
 import numpy as np
 
-from engine_adapters.records import DeviceSample, RequestRecord, StepRecord
+from engine_adapters.definitions.records import DeviceSample, RequestRecord, StepRecord
 from rltperf_tui.aggregator import _KIND_CODE, MAX_DEPTH, MAX_STAGES, TargetStats
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from engine_adapters.records import Hello, StepRecord
-from engine_adapters.tcp import ProbeAdapter
+from engine_adapters.definitions.records import Hello, StepRecord
+from engine_adapters.monitor.tcp import ProbeAdapter
 from rltperf_tui.aggregator import TargetStats
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_adapters.registry import available
+from engine_adapters.monitor.registry import available
 from rltperf_tui.cli import COMMANDS
 from tests.conftest import run_rltperf
 

@@ -1,4 +1,4 @@
-"""Every consumer computes the window figures with the same code (engine_adapters.figures).
+"""Every consumer computes the window figures with the same code (engine_adapters.definitions.figures).
 
 A real recording of the reference engine that spans an ops capture (profiled steps and
 an export) must give the same idle, MBU and tokens/s in ``summary`` and ``compare``;

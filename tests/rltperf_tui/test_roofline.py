@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_adapters.records import SCHEMA_VERSION, Ceiling, EngineInfo, Hello, StepRecord
+from engine_adapters.definitions.records import SCHEMA_VERSION, Ceiling, EngineInfo, Hello, StepRecord
 from rltperf_tui import roofline
 from rltperf_tui.aggregator import TargetStats
 

@@ -3,15 +3,15 @@
 Issue: idle, MBU and tokens/s were divided by the span of the steps (first start →
 last end), so a load test that paused read "busy" for as long as it stayed quiet, a
 recording's summary left out its quiet time, and a capture's export freeze stayed in
-every rate.  The window is wall time (``engine_adapters.figures``).
+every rate.  The window is wall time (``engine_adapters.definitions.figures``).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from engine_adapters.figures import EXCLUDED_FLAGS, owned_from, window_figures
-from engine_adapters.records import FLAG_EXPORTING, FLAG_PROFILED, Bye, RequestRecord, Stats
+from engine_adapters.definitions.figures import EXCLUDED_FLAGS, owned_from, window_figures
+from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, Bye, RequestRecord, Stats
 from rltperf_tui.aggregator import TargetStats
 from tests.rltperf_tui.test_aggregator import MS, _hello, _steps
 

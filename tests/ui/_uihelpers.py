@@ -11,7 +11,7 @@ from typing import Any
 
 from textual.pilot import Pilot
 
-from engine_adapters.replay import ReplayAdapter
+from engine_adapters.monitor.replay import ReplayAdapter
 from rltperf_tui.app import MonitorApp, TargetSpec
 from rltperf_tui.widgets.panel import Panel
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapters.recording import RecordingWriter, read_all
-from engine_adapters.records import SCHEMA_VERSION, EngineInfo, Hello, StepRecord
-from engine_adapters.replay import ReplayAdapter
+from engine_adapters.definitions.records import SCHEMA_VERSION, EngineInfo, Hello, StepRecord
+from engine_adapters.monitor.recording import RecordingWriter, read_all
+from engine_adapters.monitor.replay import ReplayAdapter
 from rltperf_tui.app import MonitorApp, TargetSpec
 from rltperf_tui.screens.help import HelpScreen
 from rltperf_tui.widgets.captures import CapturesPanel
@@ -360,7 +360,12 @@ async def test_reference_engine_panels_and_captures(tmp_path: Path) -> None:
 @sync
 async def test_capture_states_on_screen() -> None:
     """Each capture state reads right: armed, capturing k/N with a bar, exporting, failed with its reason."""
-    from engine_adapters.records import CaptureExporting, CaptureFailed, CaptureProgress, CaptureStarted
+    from engine_adapters.definitions.records import (
+        CaptureExporting,
+        CaptureFailed,
+        CaptureProgress,
+        CaptureStarted,
+    )
 
     app = MonitorApp([replay_spec()])
     async with app.run_test(size=(120, 40)) as pilot:
@@ -397,7 +402,7 @@ async def test_capture_states_on_screen() -> None:
 
 def _recording_span_s() -> float:
     """The fixture recording's span in data time, from its records' own clocks."""
-    from engine_adapters.records import DeviceSample, RequestRecord, Stats
+    from engine_adapters.definitions.records import DeviceSample, RequestRecord, Stats
 
     _, recs = read_all(RECORDING)
     times = [r.end_ns for r in recs if isinstance(r, StepRecord)]

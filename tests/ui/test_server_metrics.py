@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine_adapters.recording import RecordingWriter
-from engine_adapters.records import SCHEMA_VERSION, EngineInfo, Hello
-from engine_adapters.replay import ReplayAdapter
-from engine_adapters.vllm.metrics import MfuState, derive, parse_scrape
+from engine_adapters.definitions.records import SCHEMA_VERSION, EngineInfo, Hello
+from engine_adapters.monitor.recording import RecordingWriter
+from engine_adapters.monitor.replay import ReplayAdapter
+from engine_adapters.monitor.vllm.metrics import MfuState, derive, parse_scrape
 from rltperf_tui.app import MonitorApp, TargetSpec
 from rltperf_tui.widgets.server_metrics import ServerMetricsPanel
 from rltperf_tui.widgets.step_timeline import StepTimeline

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from engine_adapters.records import Bye, Record, RequestRecord, StepRecord
+from engine_adapters.definitions.records import Bye, Record, RequestRecord, StepRecord
 
 
 @dataclass
@@ -47,9 +47,9 @@ def _collect(session: Any, out: list[Record], done: threading.Event) -> None:
 @pytest.fixture
 def run_reference(tmp_path: Path) -> Callable[..., EngineRun]:
     """Run a reference engine with a live subscriber; see module docstring."""
+    from engine_adapters.monitor.tcp import ProbeAdapter
     from engine_adapters.probe import Probe
     from engine_adapters.reference.engine import Engine, EngineConfig
-    from engine_adapters.tcp import ProbeAdapter
 
     def run(cfg: EngineConfig, steps: int | None = None, seconds: float | None = None,
             recording: Path | None = None, engine: Any = None) -> EngineRun:  # fmt: skip
@@ -69,7 +69,7 @@ def run_reference(tmp_path: Path) -> Callable[..., EngineRun]:
             done.wait(15)
             session.close()
         if recording is not None:
-            from engine_adapters.recording import RecordingWriter
+            from engine_adapters.monitor.recording import RecordingWriter
 
             with RecordingWriter(recording, target=f"tcp://{probe.address}") as w:
                 w.write(recs)

@@ -68,10 +68,10 @@ def _section(out: dict[str, Any], name: str, fn: Callable[[], dict[str, Any]]) -
 def _run(cfg: Any, steps: int | None = None, seconds: float | None = None, capture: int = 0,
          snapshots: str | None = None) -> tuple[Any, list[Any]]:  # fmt: skip
     """Run an engine with a probe and a live subscriber; return (engine, records)."""
+    from engine_adapters.definitions.records import Bye
+    from engine_adapters.monitor.tcp import ProbeAdapter
     from engine_adapters.probe import Probe
-    from engine_adapters.records import Bye
     from engine_adapters.reference.engine import Engine
-    from engine_adapters.tcp import ProbeAdapter
 
     eng = Engine(cfg)
     probe = Probe("127.0.0.1:0", eng.engine_info(), warm_profiler=bool(capture), sample_devices=False,
@@ -103,7 +103,7 @@ def _run(cfg: Any, steps: int | None = None, seconds: float | None = None, captu
 
 
 def _stats(recs: list[Any], info_loops: int) -> dict[str, Any]:
-    from engine_adapters.records import RequestRecord, StepRecord
+    from engine_adapters.definitions.records import RequestRecord, StepRecord
     from rltperf_tui.aggregator import TargetStats
 
     steps = [r for r in recs if isinstance(r, StepRecord)]
@@ -168,7 +168,7 @@ def _decode_gbps(preset: str, device: str, batch: int, steps: int = 20) -> dict[
 
 
 def ouro_decode(device: str) -> dict[str, Any]:
-    from engine_adapters import calibrate
+    from engine_adapters.definitions import calibrate
 
     idx = int(device.split(":", 1)[1]) if ":" in device else 0
     copy = calibrate.copy_cuda(idx, 1 << 30, reps=10, warmup=2, inner=5)["copy_gbps"]
@@ -209,7 +209,7 @@ def huginn(device: str) -> dict[str, Any]:
 
 
 def capture(device: str, tmp: str) -> dict[str, Any]:
-    from engine_adapters.records import CaptureDone, CaptureFailed
+    from engine_adapters.definitions.records import CaptureDone, CaptureFailed
     from engine_adapters.reference.engine import EngineConfig
 
     cfg = EngineConfig(preset="tiny", device=device, workload="closed:4,in=32,out=400")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapters.records import Hello, StepRecord
-from engine_adapters.tcp import ProbeAdapter
+from engine_adapters.definitions.records import Hello, StepRecord
+from engine_adapters.monitor.tcp import ProbeAdapter
 from tests.conftest import ADDRESS_RE
 
 ROOT = Path(__file__).resolve().parents[3]

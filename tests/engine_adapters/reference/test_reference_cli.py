@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapters.probe.contract import CONTRACT_FIELDS, build_contract, is_unknown
-from engine_adapters.records import CaptureDone, CaptureFailed, Hello, RequestRecord, StepRecord
-from engine_adapters.tcp import ProbeAdapter
+from engine_adapters.definitions.contract import CONTRACT_FIELDS, build_contract, is_unknown
+from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Hello, RequestRecord, StepRecord
+from engine_adapters.monitor.tcp import ProbeAdapter
 
 ROOT = Path(__file__).resolve().parents[3]
 CLI = [sys.executable, "-m", "rltperf_tui.cli"]

@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from engine_adapters.definitions.records import StepRecord
+from engine_adapters.monitor.recording import read_all
 from engine_adapters.probe import Probe
-from engine_adapters.recording import read_all
-from engine_adapters.records import StepRecord
 from engine_adapters.reference.engine import Engine, EngineConfig
 from rltperf_tui.aggregator import TargetStats
 

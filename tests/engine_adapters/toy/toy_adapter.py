@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from typing import ClassVar
 
-from engine_adapters.base import Adapter, Session
-from engine_adapters.records import SCHEMA_VERSION, EngineInfo, Hello, Record, Stats, StepRecord
+from engine_adapters.definitions.records import SCHEMA_VERSION, EngineInfo, Hello, Record, Stats, StepRecord
+from engine_adapters.monitor.base import Adapter, Session
 
 STEPS = 5
 STEP_MS = 8

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapters.vllm.capture import mode_note, profile_prefix, trace_facts, validate_request
+from engine_adapters.monitor.vllm.capture import mode_note, profile_prefix, trace_facts, validate_request
 
 
 def _trace(path: Path, steps: int, **kw: bool) -> Path:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapters.records import Ceiling, Hello, HistogramDelta, MetricsSample
-from engine_adapters.vllm.histograms import capped_percentiles, percentiles, pool, quantile
-from engine_adapters.vllm.metrics import MfuState, counters_went_back, derive, parse_scrape
+from engine_adapters.definitions.histograms import capped_percentiles, percentiles, pool, quantile
+from engine_adapters.definitions.records import Ceiling, Hello, HistogramDelta, MetricsSample
+from engine_adapters.monitor.vllm.metrics import MfuState, counters_went_back, derive, parse_scrape
 from rltperf_tui.aggregator import TargetStats
 
 DATA = Path(__file__).parent / "data"
@@ -152,7 +152,7 @@ def _ouro_interval(steps: int, batch: int, ctx: int) -> tuple[dict[str, float], 
 
 
 def _scrapes(steps: int, tokens: int, flops: float, read: float, write: float):
-    from engine_adapters.vllm.metrics import (
+    from engine_adapters.monitor.vllm.metrics import (
         FLOPS,
         GEN_TOKENS,
         ITERATION_TOKENS,
@@ -173,7 +173,7 @@ def _scrapes(steps: int, tokens: int, flops: float, read: float, write: float):
 
 
 def test_looped_correction_multiplies_the_layers_not_the_lm_head() -> None:
-    from engine_adapters.vllm.metrics import lm_head_from
+    from engine_adapters.monitor.vllm.metrics import lm_head_from
 
     cfg = {"hidden_size": D, "num_hidden_layers": L, "vocab_size": V, "intermediate_size": DI,
            "num_attention_heads": Q, "num_key_value_heads": KV, "tie_word_embeddings": False,
@@ -198,7 +198,7 @@ def test_looped_correction_multiplies_the_layers_not_the_lm_head() -> None:
 
 
 def test_lm_head_from_config() -> None:
-    from engine_adapters.vllm.metrics import lm_head_from
+    from engine_adapters.monitor.vllm.metrics import lm_head_from
 
     assert lm_head_from(None) is None and lm_head_from({"hidden_size": 8}) is None
     h = lm_head_from({"hidden_size": 128, "vocab_size": 1024, "dtype": "float32"})

@@ -34,8 +34,9 @@ from vllm_fixtures import (
     vllm_missing_reason,
 )
 
-from engine_adapters.probe.contract import CONTRACT_FIELDS
-from engine_adapters.records import (
+from engine_adapters.definitions.contract import CONTRACT_FIELDS
+from engine_adapters.definitions.histograms import pool
+from engine_adapters.definitions.records import (
     CaptureDone,
     CaptureFailed,
     Hello,
@@ -44,10 +45,9 @@ from engine_adapters.records import (
     RequestRecord,
     StepRecord,
 )
-from engine_adapters.tcp import ProbeAdapter
-from engine_adapters.vllm.adapter import VllmAdapter
-from engine_adapters.vllm.capture import STEP_ANNOTATION
-from engine_adapters.vllm.histograms import pool
+from engine_adapters.monitor.tcp import ProbeAdapter
+from engine_adapters.monitor.vllm.adapter import VllmAdapter
+from engine_adapters.monitor.vllm.capture import STEP_ANNOTATION
 from rltperf_tui.aggregator import TargetStats
 
 _why = vllm_missing_reason()
@@ -229,7 +229,7 @@ def test_close_during_a_capture_is_bounded_and_stops_the_profiler(
     lt = threading.Thread(target=load.run, args=(120.0, done_ev), daemon=True)
     lt.start()
     try:
-        from engine_adapters.records import CaptureStarted
+        from engine_adapters.definitions.records import CaptureStarted
 
         cid = session.request_capture(1024, "ops", "quit")  # the longest allowed: still running at close()
         col.wait_for(CaptureStarted, 60, lambda r: r.capture_id == cid)
@@ -359,11 +359,11 @@ os.environ.pop("RLTPERF_PROBE", None)
 from vllm.plugins import load_general_plugins
 load_general_plugins()
 from vllm.v1.engine.core import EngineCoreProc
-out = {"loaded": "engine_adapters.vllm.plugin" in sys.modules,
-       "unset_hooks": "engine_adapters.vllm.hooks" in sys.modules,
+out = {"loaded": "engine_adapters.probe.vllm.plugin" in sys.modules,
+       "unset_hooks": "engine_adapters.probe.vllm.hooks" in sys.modules,
        "unset_patched": getattr(EngineCoreProc.run_busy_loop, "rltperf_hook", False)}
 import vllm
-from engine_adapters.vllm import plugin
+from engine_adapters.probe.vllm import plugin
 records = []
 class H(logging.Handler):
     def emit(self, r): records.append(r.getMessage())

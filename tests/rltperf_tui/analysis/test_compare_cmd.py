@@ -47,9 +47,9 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 def _record(target: str, path: Path, counts: dict[str, int], stop: threading.Event) -> None:
-    from engine_adapters.recording import RecordingWriter
-    from engine_adapters.records import StepRecord
-    from engine_adapters.registry import adapter_for
+    from engine_adapters.definitions.records import StepRecord
+    from engine_adapters.monitor.recording import RecordingWriter
+    from engine_adapters.monitor.registry import adapter_for
 
     s = adapter_for(target, reconnect=False).connect()
     w = RecordingWriter(path, target=target)
@@ -195,7 +195,7 @@ def test_compare_rounds_and_refusals(runs: dict[str, Any], tmp_path: Path) -> No
     assert rc == 2 and "recording (unprofiled) with a bundle" in err
     rc, out, err = cli("compare", r["a"], str(tmp_path / "missing.rltrec"))
     assert rc == 1 and "does not exist" in err
-    from engine_adapters.recording import RecordingWriter
+    from engine_adapters.monitor.recording import RecordingWriter
 
     RecordingWriter(tmp_path / "empty.rltrec").close()
     rc, out, err = cli("compare", str(tmp_path / "empty.rltrec"), r["b"])

@@ -20,8 +20,8 @@ STEPS = 5
 
 
 def capture(target: str, steps: int, mode: str) -> str:
-    from engine_adapters.records import CaptureDone, CaptureFailed, Refused
-    from engine_adapters.registry import adapter_for
+    from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Refused
+    from engine_adapters.monitor.registry import adapter_for
 
     s = adapter_for(target, reconnect=False).connect()
     try:
@@ -203,7 +203,7 @@ def test_report_png_charts(bundles: dict[str, str], tmp_path: Path) -> None:
 
 def test_vllm_trace_file_reported_as_bare_trace(tmp_path: Path) -> None:
     """A vLLM worker trace on its own: steps from the execute annotations, nothing requested known."""
-    from engine_adapters.traces import save_trace
+    from rltperf_tui.analysis.traces import save_trace
 
     ev: list[dict[str, Any]] = []
     t = 0.0

@@ -82,9 +82,9 @@ def reference(args: argparse.Namespace) -> int:
     """Record the real reference engine (``rltperf engine``) for ``--seconds`` with one ops capture."""
     import subprocess
 
-    from engine_adapters.recording import RecordingWriter
-    from engine_adapters.records import CaptureDone, CaptureFailed
-    from engine_adapters.tcp import ProbeAdapter
+    from engine_adapters.definitions.records import CaptureDone, CaptureFailed
+    from engine_adapters.monitor.recording import RecordingWriter
+    from engine_adapters.monitor.tcp import ProbeAdapter
 
     snap = tempfile.mkdtemp(prefix="rltperf-fixture-snap-")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -140,7 +140,7 @@ def main() -> int:
 def scripted(args: argparse.Namespace) -> int:
     """A sleep-timed scripted looped engine published by a real probe in this process."""
 
-    from engine_adapters.probe.contract import cpu_model
+    from engine_adapters.definitions.contract import cpu_model
 
     cache = tempfile.mkdtemp(prefix="rltperf-fixture-cal-")
     os.environ["RLTPERF_CACHE"] = cache
@@ -149,10 +149,10 @@ def scripted(args: argparse.Namespace) -> int:
         json.dump({f"{socket.gethostname()}|{cpu_model()}": {"copy_gbps": round(gbps, 2),
                    "matmul_gflops": round(gflops, 1), "dtype": "float32"}}, f)  # fmt: skip
 
+    from engine_adapters.definitions.records import CaptureDone, CaptureFailed
+    from engine_adapters.monitor.recording import RecordingWriter
+    from engine_adapters.monitor.tcp import ProbeAdapter
     from engine_adapters.probe import Probe
-    from engine_adapters.recording import RecordingWriter
-    from engine_adapters.records import CaptureDone, CaptureFailed
-    from engine_adapters.tcp import ProbeAdapter
 
     snap = tempfile.mkdtemp(prefix="rltperf-fixture-snap-")
     info = {

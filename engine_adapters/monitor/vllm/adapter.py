@@ -28,15 +28,7 @@ import time
 from time import perf_counter_ns as _clk
 from typing import Any, ClassVar
 
-from engine_adapters.base import (
-    Adapter,
-    AdapterConnectionError,
-    AdapterTargetError,
-    Reconnecting,
-    Session,
-    new_capture_id,
-)
-from engine_adapters.records import (
+from engine_adapters.definitions.records import (
     SCHEMA_VERSION,
     Ceiling,
     EngineInfo,
@@ -48,16 +40,24 @@ from engine_adapters.records import (
     TriggerInfo,
     to_builtins,
 )
-from engine_adapters.vllm.capture import (
+from engine_adapters.monitor.base import (
+    Adapter,
+    AdapterConnectionError,
+    AdapterTargetError,
+    Reconnecting,
+    Session,
+    new_capture_id,
+)
+from engine_adapters.monitor.vllm.capture import (
     PROFILER_FLAG_HELP,
     HttpCapture,
     HttpCaptureJob,
     profile_prefix,
     validate_request,
 )
-from engine_adapters.vllm.http import HttpClient, ServerUnreachable
-from engine_adapters.vllm.info import build_info, loop_count_from, read_model_config
-from engine_adapters.vllm.metrics import (
+from engine_adapters.monitor.vllm.http import HttpClient, ServerUnreachable
+from engine_adapters.monitor.vllm.info import build_info, loop_count_from, read_model_config
+from engine_adapters.monitor.vllm.metrics import (
     CACHE_INFO,
     LmHead,
     MfuState,
@@ -84,7 +84,7 @@ def _local_ceiling() -> Ceiling | None:
     (``rltperf calibrate``) or the spec table; never a measurement in the monitor (no
     torch import here).  The first NVIDIA GPU is assumed when NVML sees one."""
     try:
-        from engine_adapters.ceilings import (
+        from engine_adapters.definitions.ceilings import (
             _from_calibration,
             cache_key,
             ceiling_for,

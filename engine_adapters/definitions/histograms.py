@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine_adapters.records import HistogramDelta
+from engine_adapters.definitions.records import HistogramDelta
 
 PERCENTILE_METHOD = "histogram estimate (linear interpolation inside Prometheus buckets)"
 """Label for every percentile computed here; the screen shows it beside the figures."""

@@ -19,7 +19,7 @@ import uuid
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-from engine_adapters.records import EngineInfo, Record, TriggerInfo
+from engine_adapters.definitions.records import EngineInfo, Record, TriggerInfo
 
 
 class AdapterError(Exception):

@@ -32,10 +32,8 @@ from datetime import datetime, timezone
 from time import perf_counter_ns as _clk
 from typing import TYPE_CHECKING, Any
 
-from engine_adapters.probe.bundle import BUNDLE_FORMAT, _os_error_text, bundle_name, post_outcome, seal_bundle
-from engine_adapters.probe.capture import capture_id_problem, sanitize_label
-from engine_adapters.probe.contract import CONTRACT_FIELDS, unknown
-from engine_adapters.records import (
+from engine_adapters.definitions.contract import CONTRACT_FIELDS, unknown
+from engine_adapters.definitions.records import (
     MAX_CAPTURE_STEPS,
     CaptureExporting,
     CaptureFailed,
@@ -44,10 +42,12 @@ from engine_adapters.records import (
     EngineInfo,
     to_builtins,
 )
-from engine_adapters.vllm.http import ServerUnreachable, error_text
+from engine_adapters.monitor.vllm.http import ServerUnreachable, error_text
+from engine_adapters.probe.bundle import BUNDLE_FORMAT, _os_error_text, bundle_name, post_outcome, seal_bundle
+from engine_adapters.probe.capture import capture_id_problem, sanitize_label
 
 if TYPE_CHECKING:
-    from engine_adapters.vllm.adapter import VllmSession
+    from engine_adapters.monitor.vllm.adapter import VllmSession
 
 log = logging.getLogger("rltperf.vllm.capture")
 
@@ -480,7 +480,7 @@ class HttpCapture(threading.Thread):
         note: str | None,
     ) -> dict[str, Any]:
         from engine_adapters import __version__
-        from engine_adapters.records import SCHEMA_VERSION
+        from engine_adapters.definitions.records import SCHEMA_VERSION
 
         s = self.session
         job = self.job

@@ -109,7 +109,7 @@ def _now() -> str:
 
 def quick_cpu_calibration(dtype: str = "float32") -> dict[str, Any]:
     """The quick CPU calibration (cache-entry shape; ``source`` = ``"quick calibration"``)."""
-    from engine_adapters.probe.contract import cpu_model
+    from engine_adapters.definitions.contract import cpu_model
 
     q = QUICK_CPU
     t0 = time.perf_counter()
@@ -201,13 +201,13 @@ def calibrate(device: str = "cpu", dtypes: tuple[str, ...] | None = None,
     a GPU found in the spec table ``spec`` (its datasheet figures) with the measured /
     datasheet ratios.
     """
-    from engine_adapters import ceilings
+    from engine_adapters.definitions import ceilings
 
     kind = "cuda" if device.startswith("cuda") else "cpu"
     dts = tuple(dtypes or DEFAULT_DTYPES[kind])
     t0 = time.perf_counter()
     if kind == "cpu":
-        from engine_adapters.probe.contract import cpu_model
+        from engine_adapters.definitions.contract import cpu_model
 
         name = cpu_model()
         p: dict[str, Any] = dict(FULL_CPU)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_adapters.records import HistogramDelta, MetricsSample
+from engine_adapters.definitions.records import HistogramDelta, MetricsSample
 
 # Counters (sample names as exposed, with _total).
 GEN_TOKENS = "vllm:generation_tokens_total"

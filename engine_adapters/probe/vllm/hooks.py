@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from time import perf_counter_ns as _clk
 from typing import Any
 
-from engine_adapters.records import FLAG_PROFILED
+from engine_adapters.definitions.records import FLAG_PROFILED
 
 SUPPORTED = ((0, 32), (0, 33))
 """vLLM versions the hooks are written for: ``>= 0.32, < 0.33``."""
@@ -79,7 +79,7 @@ def enable(listen: str) -> bool:
     Returns False (after one warning) when this vLLM is outside the supported range or
     its classes lack the hook points.
     """
-    from engine_adapters.wire import parse_hostport
+    from engine_adapters.definitions.wire import parse_hostport
 
     try:
         parse_hostport(listen)
@@ -505,8 +505,8 @@ class Tap:
 
 def attach(core: Any, listen: str) -> Tap | None:
     """Start a probe in this engine core and install the hooks; None when not possible."""
+    from engine_adapters.definitions.wire import parse_hostport
     from engine_adapters.probe import Probe
-    from engine_adapters.wire import parse_hostport
 
     pc = core.vllm_config.parallel_config
     host, port = parse_hostport(listen)

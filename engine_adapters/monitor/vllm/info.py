@@ -12,8 +12,8 @@ import json
 import os
 from typing import Any
 
-from engine_adapters.probe.contract import CONTRACT_FIELDS, unknown
-from engine_adapters.records import EngineInfo
+from engine_adapters.definitions.contract import CONTRACT_FIELDS, unknown
+from engine_adapters.definitions.records import EngineInfo
 
 LOOP_KEYS = ("total_ut_steps", "num_loops", "loop_count", "n_loops")
 """``config.json`` keys that give a looped model's passes over its layers (Ouro: total_ut_steps)."""

@@ -9,9 +9,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from engine_adapters.base import Adapter, AdapterConnectionError, AdapterTargetError, ReplayControl, Session
-from engine_adapters.recording import SUFFIX, RecordingError, RecordingReader
-from engine_adapters.records import (
+from engine_adapters.definitions.records import (
     DeviceSample,
     EngineInfo,
     Hello,
@@ -22,6 +20,14 @@ from engine_adapters.records import (
     Stats,
     StepRecord,
 )
+from engine_adapters.monitor.base import (
+    Adapter,
+    AdapterConnectionError,
+    AdapterTargetError,
+    ReplayControl,
+    Session,
+)
+from engine_adapters.monitor.recording import SUFFIX, RecordingError, RecordingReader
 
 
 def record_time(rec: Record) -> int | None:

@@ -59,7 +59,7 @@ class EngineInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     Fields the engine cannot know are left ``None``; the bundle writer turns them into
     ``"unknown: <why>"``.  ``contract`` carries any further test-contract field by its
-    contract name (see ``engine_adapters.probe.contract.CONTRACT_FIELDS``).
+    contract name (see ``engine_adapters.definitions.contract.CONTRACT_FIELDS``).
     """
 
     name: str

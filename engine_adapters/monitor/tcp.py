@@ -9,15 +9,7 @@ import threading
 import time
 from typing import Any, ClassVar
 
-from engine_adapters.base import (
-    Adapter,
-    AdapterConnectionError,
-    AdapterTargetError,
-    Reconnecting,
-    Session,
-    new_capture_id,
-)
-from engine_adapters.records import (
+from engine_adapters.definitions.records import (
     SCHEMA_VERSION,
     Bye,
     Capture,
@@ -29,7 +21,15 @@ from engine_adapters.records import (
     SessionEvent,
     TriggerInfo,
 )
-from engine_adapters.wire import FrameError, FrameReader, encode, parse_hostport
+from engine_adapters.definitions.wire import FrameError, FrameReader, encode, parse_hostport
+from engine_adapters.monitor.base import (
+    Adapter,
+    AdapterConnectionError,
+    AdapterTargetError,
+    Reconnecting,
+    Session,
+    new_capture_id,
+)
 
 CONNECT_TIMEOUT_S = 3.0
 HELLO_TIMEOUT_S = 5.0

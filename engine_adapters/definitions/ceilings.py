@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine_adapters.records import Ceiling
+from engine_adapters.definitions.records import Ceiling
 
 log = logging.getLogger("rltperf.ceilings")
 
@@ -235,7 +235,7 @@ def device_name(device: str | None) -> str:
             return str(torch.cuda.get_device_name(idx))
         except Exception:
             return device
-    from engine_adapters.probe.contract import cpu_model
+    from engine_adapters.definitions.contract import cpu_model
 
     return cpu_model()
 
@@ -306,7 +306,7 @@ def _full_calibration(key: str) -> dict[str, Any] | None:
 def _quick_cpu(name: str, dtype: str, existing: dict[str, Any] | None) -> dict[str, Any] | None:
     """Quick CPU calibration (or one more dtype's matmul), kept for this process; None if
     it failed."""
-    from engine_adapters import calibrate
+    from engine_adapters.definitions import calibrate
 
     with _quick_lock:  # two threads asking at once measure once
         key = cache_key(name)

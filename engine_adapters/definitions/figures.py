@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine_adapters.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
+from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
 
 EXCLUDED_FLAGS = FLAG_PROFILED | FLAG_EXPORTING | FLAG_WARMUP
 """Steps flagged with any of these are not baseline: they leave every window figure."""

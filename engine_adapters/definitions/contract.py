@@ -17,7 +17,7 @@ import sys
 from functools import lru_cache
 from typing import Any
 
-from engine_adapters.records import EngineInfo
+from engine_adapters.definitions.records import EngineInfo
 
 CONTRACT_FIELDS: tuple[str, ...] = (
     "commit",

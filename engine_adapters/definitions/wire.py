@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from engine_adapters.records import DATA_RECORDS, Batch, Record
+from engine_adapters.definitions.records import DATA_RECORDS, Batch, Record
 
 DEFAULT_PORT = 7788
 """Default probe port."""

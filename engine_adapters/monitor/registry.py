@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from engine_adapters.base import Adapter, AdapterTargetError
+from engine_adapters.monitor.base import Adapter, AdapterTargetError
 
 GROUP = "rltperf.adapters"
 
 _BUILTIN = {
-    "tcp": "engine_adapters.tcp:ProbeAdapter",
-    "vllm": "engine_adapters.vllm.adapter:VllmAdapter",
-    "replay": "engine_adapters.replay:ReplayAdapter",
+    "tcp": "engine_adapters.monitor.tcp:ProbeAdapter",
+    "vllm": "engine_adapters.monitor.vllm.adapter:VllmAdapter",
+    "replay": "engine_adapters.monitor.replay:ReplayAdapter",
 }
 """The adapters this package ships, in the order they are listed in messages."""
 

@@ -41,7 +41,7 @@ from typing import Any
 import msgspec
 import psutil
 
-from engine_adapters.records import DeviceSample
+from engine_adapters.definitions.records import DeviceSample
 
 log = logging.getLogger("rltperf.devices")
 
@@ -73,7 +73,7 @@ class HostSampler:
         self.proc = psutil.Process(pid)
         self.proc.cpu_percent(None)
         psutil.cpu_percent(None, percpu=True)
-        from engine_adapters.probe.contract import cpu_model
+        from engine_adapters.definitions.contract import cpu_model
 
         self.name = cpu_model()
 
@@ -537,7 +537,7 @@ class SamplerThread(threading.Thread):
         self._stop_ev = threading.Event()
         if prepare_ceiling:
             try:
-                from engine_adapters.ceilings import ceiling_for
+                from engine_adapters.definitions.ceilings import ceiling_for
 
                 dev = self.devices[0] if self.devices else None
                 ceiling_for(dev, dtype)

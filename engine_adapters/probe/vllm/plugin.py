@@ -32,6 +32,6 @@ def register() -> None:
     if not listen or _registered:
         return
     _registered = True
-    from engine_adapters.vllm import hooks
+    from engine_adapters.probe.vllm import hooks
 
     hooks.enable(listen)

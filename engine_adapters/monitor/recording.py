@@ -19,8 +19,8 @@ from typing import IO, Any
 import msgspec
 
 from engine_adapters import __version__
-from engine_adapters.records import SCHEMA_VERSION, Record, SessionEvent
-from engine_adapters.wire import Damage, FrameEncoder, RecoveringFrameReader
+from engine_adapters.definitions.records import SCHEMA_VERSION, Record, SessionEvent
+from engine_adapters.definitions.wire import Damage, FrameEncoder, RecoveringFrameReader
 
 MAGIC = b"RLTREC1\n"
 FORMAT = 1

@@ -1,0 +1,11 @@
+"""The bottom layer both sides import: what a record, a frame, a figure and a ceiling are.
+
+- ``records.py``: the tagged ``msgspec`` schema that travels everywhere.
+- ``wire.py``: framing (4-byte length + msgpack) for sockets and recordings.
+- ``figures.py``: the window's definition (idle, MBU, tokens/s, excluded time).
+- ``histograms.py``: percentiles of Prometheus histograms (bounded by their buckets).
+- ``ceilings.py`` / ``calibrate.py``: peak bandwidth and FLOP/s, and how they are measured.
+- ``contract.py``: host identity and the reproducible test contract.
+
+Nothing here imports from ``probe``, ``monitor``, ``reference`` or ``rltperf_tui``.
+"""
