@@ -55,6 +55,7 @@ from engine_adapters.definitions.records import (
     Stats,
     StepRecord,
 )
+from engine_adapters.definitions.server_history import ServerLifetime, ServerTrends, server_trends
 from engine_adapters.definitions.server_window import MetricsWindow, metrics_window
 from rltperf_tui import roofline
 
@@ -484,6 +485,8 @@ class TargetStats:
         self.gpu_util: deque[tuple[int, float]] = deque(maxlen=600)
         self.dram_util: deque[tuple[int, float]] = deque(maxlen=600)
         self.metrics: deque[MetricsSample] = deque(maxlen=3600)
+        self.lifetime = ServerLifetime()
+        """Counters, latencies and peaks of the metrics scrapes since attach."""
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -543,6 +546,7 @@ class TargetStats:
                 self.dram_util.append((r.ts_ns, r.dram_bw_util))
         elif isinstance(r, MetricsSample):
             self.metrics.append(r)
+            self.lifetime.add(r)
             self.now_ns = max(self.now_ns, r.ts_ns)
         elif isinstance(r, Hello):
             self.hello = r
@@ -1072,3 +1076,8 @@ class TargetStats:
         (None: all kept); None when the target sends no such records
         (``engine_adapters.definitions.server_window``)."""
         return metrics_window(self.metrics, seconds, self.ceiling)
+
+    def server_trends(self, seconds: float, columns: int) -> ServerTrends | None:
+        """Trend lines of the metrics scrapes over the last ``seconds`` in at most ``columns``
+        columns (``engine_adapters.definitions.server_history``); None without scrapes."""
+        return server_trends(self.metrics, seconds, columns)

@@ -44,6 +44,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState, get_current_worker
 
+from engine_adapters.definitions.cost import Prices
 from engine_adapters.definitions.records import (
     MAX_CAPTURE_STEPS,
     Ceiling,
@@ -250,6 +251,7 @@ class MonitorApp(App[int]):
         trigger_cooldown_s: float = 30.0,
         trigger_max: int = 5,
         trigger_mode: str = "ops",
+        prices: Prices | None = None,
     ) -> None:
         super().__init__()
         tune_gc_for_ingest()
@@ -286,6 +288,8 @@ class MonitorApp(App[int]):
                 handle.triggers.can_capture = handle.live
             self.handles.append(handle)
         self.trigger_all = trigger_all
+        self.prices = prices
+        """Prices for the cost figures of metrics targets (``--cost-in`` ...), if given."""
         self.trigger_mode = trigger_mode
         self._columns: list[TargetColumn] = []
         self._status_bar: StatusBar | None = None
@@ -499,6 +503,7 @@ class MonitorApp(App[int]):
             silent_s=self._silent_s(h, now),
             triggers=trig.status() if trig is not None else None,
             fire_marks=list(h.fire_marks),
+            prices=self.prices,
         )
 
     def _status(self) -> StatusInfo:
