@@ -60,6 +60,7 @@ from rltperf_tui import tune_gc_for_ingest
 from rltperf_tui.aggregator import TargetStats
 from rltperf_tui.triggers import STEP_FIGURES, Fire, TriggerSet
 from rltperf_tui.widgets.panel import PanelContext
+from rltperf_tui.widgets.replicas import ReplicaPanel, ReplicaView
 from rltperf_tui.widgets.status_bar import StatusBar, StatusInfo
 from rltperf_tui.widgets.target_column import TargetColumn
 
@@ -220,6 +221,7 @@ class MonitorApp(App[int]):
         Binding("space", "toggle_pause", "pause"),
         Binding("r", "toggle_record", "record"),
         Binding("t", "toggle_triggers", "triggers", tooltip="arm / disarm the --trigger rules"),
+        Binding("v", "toggle_replicas", "replicas", tooltip="show / hide the table of vLLM replicas"),
         Binding("question_mark", "help", "help", key_display="?"),
         Binding("q", "quit", "quit"),
         # no text to copy here: Ctrl-C quits, as a person over SSH expects
@@ -293,6 +295,9 @@ class MonitorApp(App[int]):
         self.trigger_mode = trigger_mode
         self._columns: list[TargetColumn] = []
         self._status_bar: StatusBar | None = None
+        self._replicas: ReplicaPanel | None = None
+        self.show_replicas = True
+        """Whether the replica table shows when two or more targets are metrics endpoints (``v``)."""
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._last_child_check = 0.0
         self.ticks = 0
@@ -302,6 +307,7 @@ class MonitorApp(App[int]):
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
+        yield ReplicaPanel(id="replicas", classes="panel")
         with Horizontal(id="targets"):
             for h in self.handles:
                 col = TargetColumn(h.index, id=f"target-{h.index}")
@@ -313,6 +319,8 @@ class MonitorApp(App[int]):
         self._event_loop = asyncio.get_running_loop()
         self._columns = list(self.query(TargetColumn))
         self._status_bar = self.query_one(StatusBar)
+        self._replicas = self.query_one(ReplicaPanel)
+        self._replicas.display = False
         for h in self.handles:
             self.run_worker(
                 partial(self._ingest, h),
@@ -464,6 +472,24 @@ class MonitorApp(App[int]):
                     continue
                 h.dirty = False
                 col.show(self._panel_context(h, now))
+            self._show_replicas()
+
+    def _metrics_targets(self) -> list[TargetHandle]:
+        """Targets that are metrics endpoints (scrapes, no step records)."""
+        return [h for h in self.handles if h.stats.metrics and len(h.stats.steps) == 0]
+
+    def _show_replicas(self) -> None:
+        """The replica table: shown with two or more metrics targets, unless ``v`` hid it."""
+        panel = self._replicas
+        if panel is None:
+            return
+        reps = self._metrics_targets()
+        shown = self.show_replicas and len(reps) >= 2
+        if panel.display != shown:
+            panel.display = shown
+        if shown:
+            view = ReplicaView([h.target for h in reps], [h.stats.metrics for h in reps], self.window_s)
+            panel.show_replicas(view)
 
     def _silent_s(self, h: TargetHandle, now: float) -> float | None:
         """Seconds since a connected live target that sends heartbeats (a probe: about
@@ -664,6 +690,14 @@ class MonitorApp(App[int]):
         self.notify(f"triggers {'armed' if armed else 'disarmed'}", timeout=3)
         for h in self.handles:
             h.dirty = True
+
+    def action_toggle_replicas(self) -> None:
+        """Show or hide the replica table (two or more metrics targets)."""
+        if len(self._metrics_targets()) < 2:
+            self.notify("the replica table needs two or more vllm+http:// targets", severity="warning")
+            return
+        self.show_replicas = not self.show_replicas
+        self.force_render()
 
     def action_halve_steps(self) -> None:
         """Halve the capture length N."""

@@ -148,3 +148,105 @@ def metrics_window(
         notes=notes,
         latency_bounded=bounded,
     )
+
+
+IMBALANCE_RATIO = 1.5
+"""Replicas are flagged unbalanced when a figure's largest replica exceeds its smallest by
+more than this factor (and the difference is not idle noise, ``IMBALANCE_FLOOR``)."""
+IMBALANCE_FLOOR = {"running": 1.0, "tokens_per_s": 1.0}
+"""Smallest difference (max − min) that may be flagged: one request running, one token a
+second (0 against 0.4 running is an idle pair, not an imbalance)."""
+REPLICA_LATENCIES = ("ttft", "tpot", "queue")
+
+
+@dataclass
+class ReplicaTotals:
+    """Several metrics endpoints (data-parallel replicas, prefill and decode instances)
+    over one window, each over its own newest ``seconds``: sums of rates and gauges,
+    latencies pooled across replicas (the same bounded histogram estimate), and how
+    unbalanced they are."""
+
+    windows: list[MetricsWindow | None]
+    """Each replica's window, in the order given (None: nothing scraped yet)."""
+    mean_running: list[float | None]
+    """Each replica's mean running requests over its window (the imbalance's input)."""
+    running: float | None
+    waiting: float | None
+    kv_usage_max: float | None
+    tokens_per_s: float | None
+    prompt_tokens_per_s: float | None
+    requests_per_s: float | None
+    latency_p95_ms: dict[str, float | None]
+    latency_bounded: list[str]
+    """Latencies whose pooled P95 was lowered to the mean's bound (upper limits)."""
+    imbalance: dict[str, float | None]
+    """Largest over smallest replica (inf when the smallest is 0) of mean running and of
+    tokens/s; None with fewer than two replicas reporting."""
+    flagged: list[str]
+    """Figures whose imbalance exceeds ``IMBALANCE_RATIO`` beyond ``IMBALANCE_FLOOR``."""
+
+
+def _recent(samples: Sequence[MetricsSample], seconds: float | None) -> list[MetricsSample]:
+    if not samples:
+        return []
+    lo = None if seconds is None else samples[-1].ts_ns - int(seconds * 1e9)
+    return [m for m in samples if lo is None or m.ts_ns > lo]
+
+
+def _sum(vals: Sequence[float | None]) -> float | None:
+    got = [v for v in vals if v is not None]
+    return sum(got) if got else None
+
+
+def imbalance(values: Sequence[float | None]) -> float | None:
+    """Largest over smallest of the values given (inf when the smallest is 0 and the
+    largest is not; 1 when all are 0); None with fewer than two values."""
+    got = [v for v in values if v is not None]
+    if len(got) < 2:
+        return None
+    hi, lo = max(got), min(got)
+    if hi <= 0:
+        return 1.0
+    return hi / lo if lo > 0 else float("inf")
+
+
+def replica_totals(
+    replicas: Sequence[Sequence[MetricsSample]], seconds: float | None = 10.0
+) -> ReplicaTotals:
+    """Totals and imbalance of several replicas (see ``ReplicaTotals``)."""
+    windows = [metrics_window(s, seconds) for s in replicas]
+    recent = [_recent(s, seconds) for s in replicas]
+    mean_running: list[float | None] = []
+    for win in recent:
+        vals = [m.running for m in win if m.running is not None]
+        mean_running.append(sum(vals) / len(vals) if vals else None)
+    lat: dict[str, float | None] = {}
+    low: list[str] = []
+    for name in REPLICA_LATENCIES:
+        pooled = pool(m.hist[name] for win in recent for m in win if name in m.hist)
+        lat[name] = percentiles(pooled, (95,), scale=1e3)["p95"]
+        if bounded_percentiles(pooled, (95,)):
+            low.append(name)
+    tps = [w.tokens_per_s if w is not None else None for w in windows]
+    ratios = {"running": imbalance(mean_running), "tokens_per_s": imbalance(tps)}
+    flagged = []
+    for key, vals in (("running", mean_running), ("tokens_per_s", tps)):
+        got = [v for v in vals if v is not None]
+        r = ratios[key]
+        if r is not None and r > IMBALANCE_RATIO and max(got) - min(got) >= IMBALANCE_FLOOR[key]:
+            flagged.append(key)
+    kvs = [w.kv_usage for w in windows if w is not None and w.kv_usage is not None]
+    return ReplicaTotals(
+        windows=windows,
+        mean_running=mean_running,
+        running=_sum([w.running if w is not None else None for w in windows]),
+        waiting=_sum([w.waiting if w is not None else None for w in windows]),
+        kv_usage_max=max(kvs) if kvs else None,
+        tokens_per_s=_sum(tps),
+        prompt_tokens_per_s=_sum([w.prompt_tokens_per_s if w is not None else None for w in windows]),
+        requests_per_s=_sum([w.requests_per_s if w is not None else None for w in windows]),
+        latency_p95_ms=lat,
+        latency_bounded=low,
+        imbalance=ratios,
+        flagged=flagged,
+    )

@@ -12,6 +12,7 @@ from engine_adapters.definitions.cost import Prices, cost
 from engine_adapters.definitions.histograms import markov_bound, pool
 from engine_adapters.definitions.records import HistogramDelta, MetricsSample
 from engine_adapters.definitions.server_history import PEAK_SPAN_S, ServerLifetime, server_trends
+from engine_adapters.definitions.server_window import imbalance, replica_totals
 from engine_adapters.monitor.recording import RecordingReader
 
 REAL = Path(__file__).resolve().parents[1] / "ui" / "data" / "vllm_replica_a.rltrec"
@@ -120,3 +121,22 @@ def test_real_vllm_session_trends_agree_with_its_counters_and_stay_bounded() -> 
         assert bound is not None and v <= bound * 1e3 + 1e-9
         assert v <= p.bounds[0] * 1e3 if p is not None else True
     assert any(tr.lines["queue_p95"].bounded)
+
+
+def test_replica_totals_sum_pool_and_flag_imbalance_by_hand() -> None:
+    h = HistogramDelta(bounds=[0.01, 0.02], counts=[10.0, 20.0], count=20.0, sum=0.25)
+    a = [_m(1.0 * k, gen=400.0, prompt=100.0, running=4.0, interval=1.0, waiting=1.0, kv_usage=0.3,
+            hist={"ttft": h}) for k in range(1, 4)]  # fmt: skip
+    b = [_m(1.0 * k + 100, gen=100.0, prompt=50.0, running=1.0, interval=1.0, waiting=0.0, kv_usage=0.1,
+            hist={"ttft": h}) for k in range(1, 4)]  # fmt: skip
+    t = replica_totals([a, b], seconds=10.0)  # each over its own newest 10 s (clocks may differ)
+    assert t.tokens_per_s == pytest.approx(500.0) and t.prompt_tokens_per_s == pytest.approx(150.0)
+    assert t.running == 5 and t.waiting == 1 and t.kv_usage_max == pytest.approx(0.3)
+    assert t.imbalance == {"running": pytest.approx(4.0), "tokens_per_s": pytest.approx(4.0)}
+    assert t.flagged == ["running", "tokens_per_s"]
+    # pooled over both: 60 of 120 at or below 10 ms, 120 at or below 20 ms -> P95 at rank 114
+    assert t.latency_p95_ms["ttft"] == pytest.approx(10 + 10 * (114 - 60) / 60)
+    # an idle pair is not an imbalance: 0.4 against 0 running, under one request apart
+    idle = replica_totals([[_m(1.0, running=0.4)], [_m(1.0, running=0.0)]], 10.0)
+    assert idle.imbalance["running"] == float("inf") and idle.flagged == []
+    assert imbalance([None, 3.0]) is None and imbalance([0.0, 0.0]) == 1.0

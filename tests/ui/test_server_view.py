@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from engine_adapters.definitions.cost import Prices
 from engine_adapters.definitions.records import MetricsSample
 from engine_adapters.monitor.recording import RecordingReader
 from engine_adapters.monitor.replay import ReplayAdapter
 from rltperf_tui.app import MonitorApp, TargetSpec
+from rltperf_tui.widgets.replicas import ReplicaPanel
 from rltperf_tui.widgets.server_metrics import ServerMetricsPanel
 from rltperf_tui.widgets.server_totals import ServerTotalsPanel
 from rltperf_tui.widgets.server_trends import ServerTrendsPanel
@@ -66,3 +69,37 @@ async def test_cost_next_to_tokens_per_second_when_prices_are_given() -> None:
         gpu = 3.6 / (g * 3600) * 1e6
         assert f"list ${lst:.3g}/1M tok" in text and f"GPU ${gpu:.3g}/1M out" in text, text
         assert "cost " in panel_text(app, ServerTotalsPanel)
+
+
+@sync
+async def test_two_vllm_targets_show_one_replica_table_with_totals_and_v_hides_it() -> None:
+    app = MonitorApp([vllm_spec("a"), vllm_spec("b")])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await replay_finished(pilot)
+        panel = app.query_one(ReplicaPanel)
+        assert panel.display and panel.totals is not None
+        text = panel.render_text()
+        rows = {line.split()[0]: line.split() for line in text.splitlines()[1:4]}
+        a = rows["…ta/vllm_replica_a.rltrec"]
+        b = rows["…ta/vllm_replica_b.rltrec"]
+        wa = app.handles[0].stats.metrics_window(app.window_s)
+        wb = app.handles[1].stats.metrics_window(app.window_s)
+        assert wa is not None and wb is not None and wa.requests_per_s and wb.requests_per_s
+        assert float(a[6]) == pytest.approx(wa.requests_per_s, abs=0.006)
+        assert float(b[6]) == pytest.approx(wb.requests_per_s, abs=0.006)
+        assert float(rows["total"][6]) == pytest.approx(wa.requests_per_s + wb.requests_per_s, abs=0.01)
+        assert ("IMBALANCED" in text) == bool(panel.totals.flagged)
+        await pilot.press("v")
+        await pilot.pause(0.2)
+        assert not panel.display
+        await pilot.press("v")
+        await pilot.pause(0.2)
+        assert panel.display
+
+
+@sync
+async def test_one_vllm_target_has_no_replica_table() -> None:
+    app = MonitorApp([vllm_spec("a")])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await replay_finished(pilot)
+        assert not app.query_one(ReplicaPanel).display
