@@ -297,6 +297,7 @@ class MonitorApp(App[int]):
         self._status_bar: StatusBar | None = None
         self._replicas: ReplicaPanel | None = None
         self.show_replicas = True
+        self._several_replicas = False
         """Whether the replica table shows when two or more targets are metrics endpoints (``v``)."""
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._last_child_check = 0.0
@@ -484,6 +485,9 @@ class MonitorApp(App[int]):
         if panel is None:
             return
         reps = self._metrics_targets()
+        if (len(reps) >= 2) != self._several_replicas:
+            self._several_replicas = len(reps) >= 2
+            self.refresh_bindings()  # the v key shows in the footer only then
         shown = self.show_replicas and len(reps) >= 2
         if panel.display != shown:
             panel.display = shown
@@ -602,6 +606,8 @@ class MonitorApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("replay_pause", "replay_speed"):
             return any(not h.live for h in self.handles)
+        if action == "toggle_replicas":
+            return self._several_replicas
         if action == "toggle_record":
             return any(h.live for h in self.handles)
         return True
@@ -693,9 +699,6 @@ class MonitorApp(App[int]):
 
     def action_toggle_replicas(self) -> None:
         """Show or hide the replica table (two or more metrics targets)."""
-        if len(self._metrics_targets()) < 2:
-            self.notify("the replica table needs two or more vllm+http:// targets", severity="warning")
-            return
         self.show_replicas = not self.show_replicas
         self.force_render()
 
