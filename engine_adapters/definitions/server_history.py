@@ -16,8 +16,8 @@ a scraper's late answers stretch a scrape without leaving a hole).  Per column:
   0.012 ms queue times reads ≤ 0.24 ms, not 285 ms.  A column in which no request
   finished has no value (a gap, never zero).
 
-Min, max and now are those of the columns drawn (now: the newest column that has a
-value), so the numbers beside a line describe that line.
+Min, max and now are those of the columns drawn (now: the newest value among the last
+``NOW_COLUMNS`` columns), so the numbers beside a line describe that line.
 
 Since attach.  ``ServerLifetime`` adds every scrape as it arrives (not bounded by the
 samples kept): counter totals (tokens, finished requests by reason, preemptions, prefix
@@ -50,6 +50,9 @@ TREND_FIGURES: tuple[tuple[str, str, str], ...] = (
 _HIST = {"ttft_p95": "ttft", "tpot_p95": "tpot", "queue_p95": "queue"}
 PEAK_SPAN_S = 1.0
 """Peak tokens/s are rates over at least this many seconds of consecutive scrapes."""
+NOW_COLUMNS = 3
+"""``now`` looks this many columns back for a value (a scrape in which no request
+finished has no P95; three without one and the figure is not current any more)."""
 LIFETIME_LATENCIES = ("ttft", "tpot", "itl", "e2e", "queue")
 """Histograms pooled since attach."""
 
@@ -85,16 +88,15 @@ class Trend:
 
     @property
     def now(self) -> float | None:
-        """The newest column's value that exists."""
-        return next((v for v in reversed(self.values) if v is not None), None)
+        """The newest value among the last ``NOW_COLUMNS`` columns (None when they have none:
+        an idle server has no current TTFT)."""
+        return next((v for v in reversed(self.values[-NOW_COLUMNS:]) if v is not None), None)
 
     @property
     def now_bounded(self) -> bool:
         """Whether ``now`` is an upper limit (lowered to the mean's bound)."""
-        for v, b in zip(reversed(self.values), reversed(self.bounded), strict=True):
-            if v is not None:
-                return b
-        return False
+        recent = zip(reversed(self.values[-NOW_COLUMNS:]), reversed(self.bounded[-NOW_COLUMNS:]), strict=True)
+        return next((b for v, b in recent if v is not None), False)
 
 
 @dataclass

@@ -52,10 +52,12 @@ class ServerMetricsPanel(Panel):
         if prices is not None and prices.any:
             c = cost(m.prompt_tokens_per_s, m.tokens_per_s, prices)
             ln.add("cost ", "$text-muted")
-            if prices.cost_in is not None or prices.cost_out is not None:
+            if c.list_per_mtok is None and c.gpu_per_mtok_out is None:
+                ln.add("n/a: no tokens in the window", "$text-muted")
+            if c.list_per_mtok is not None:
                 ln.add("list ", "$text-muted").add(_usd(c.list_per_mtok) + "/1M tok", "bold")
                 ln.add(f" ({_usd(c.list_per_hour)}/h)  ", "$text-muted")
-            if prices.gpu_cost_hour is not None:
+            if c.gpu_per_mtok_out is not None:
                 ln.add("GPU ", "$text-muted").add(_usd(c.gpu_per_mtok_out) + "/1M out", "bold")
             ln.nl()
         ln.add("running ", "$text-muted").add(num(m.running, "{:.0f}"), "bold")

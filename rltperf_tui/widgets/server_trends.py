@@ -24,7 +24,7 @@ def fmt(kind: str, key: str, v: float | None, bounded: bool = False) -> str:
     if kind == "p95":
         return ("≤" if bounded else "") + ms(v)
     if key == "kv":
-        return num(v, "{:.1f}", "%")
+        return num(v, "{:.2f}" if v < 1 else "{:.1f}", "%")
     if kind == "rate":
         return si(v, digits=1)
     return num(v, "{:.0f}")
@@ -58,7 +58,8 @@ class ServerTrendsPanel(Panel):
         for t in tr.lines.values():
             ln.add(f"{t.label:<{LABEL_W}}", "bold")
             vals = [float("nan") if v is None else v for v in t.values]
-            line = "".join(ch * rep for ch in spark(vals))
+            top = 100.0 if t.key == "kv" else None  # a share: drawn against the whole cache
+            line = "".join(ch * rep for ch in spark(vals, top=top))
             ln.add(" " * pad).add(line, STYLE.get(t.kind, ""))
             hi_b = t.kind == "p95" and any(b for v, b in zip(t.values, t.bounded, strict=True) if v == t.hi)
             lo_b = t.kind == "p95" and any(b for v, b in zip(t.values, t.bounded, strict=True) if v == t.lo)

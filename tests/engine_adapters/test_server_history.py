@@ -140,3 +140,13 @@ def test_replica_totals_sum_pool_and_flag_imbalance_by_hand() -> None:
     idle = replica_totals([[_m(1.0, running=0.4)], [_m(1.0, running=0.0)]], 10.0)
     assert idle.imbalance["running"] == float("inf") and idle.flagged == []
     assert imbalance([None, 3.0]) is None and imbalance([0.0, 0.0]) == 1.0
+
+
+def test_now_is_current_or_nothing() -> None:
+    from engine_adapters.definitions.server_history import NOW_COLUMNS, Trend
+
+    assert NOW_COLUMNS == 3
+    t = Trend("ttft_p95", "TTFT", "p95", [5.0, None, None], [True, False, False])
+    assert t.now == 5.0 and t.now_bounded
+    quiet = Trend("ttft_p95", "TTFT", "p95", [5.0, None, None, None], [True, False, False, False])
+    assert quiet.now is None and not quiet.now_bounded and quiet.hi == 5.0
