@@ -227,11 +227,11 @@ def replica_totals(
         lat[name] = percentiles(pooled, (95,), scale=1e3)["p95"]
         if bounded_percentiles(pooled, (95,)):
             low.append(name)
-    tps = [w.tokens_per_s if w is not None else None for w in windows]
+    tps: list[float | None] = [w.tokens_per_s if w is not None else None for w in windows]
     ratios = {"running": imbalance(mean_running), "tokens_per_s": imbalance(tps)}
     flagged = []
-    for key, vals in (("running", mean_running), ("tokens_per_s", tps)):
-        got = [v for v in vals if v is not None]
+    for key, series in (("running", mean_running), ("tokens_per_s", tps)):
+        got: list[float] = [v for v in series if v is not None]
         r = ratios[key]
         if r is not None and r > IMBALANCE_RATIO and max(got) - min(got) >= IMBALANCE_FLOOR[key]:
             flagged.append(key)

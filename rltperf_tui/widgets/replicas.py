@@ -82,8 +82,8 @@ class ReplicaPanel(Panel):
         """The table's lines."""
         ln = Lines()
         ln.add(f"{'replica':<{NAME_W}}", "$text-muted")
-        for label, w in COLS:
-            ln.add(f"{label:>{w}}", "$text-muted")
+        for label, cw in COLS:
+            ln.add(f"{label:>{cw}}", "$text-muted")
         ln.nl()
         for name, w, mean_run in zip(view.names, t.windows, t.mean_running, strict=True):
             if w is None:
