@@ -52,7 +52,9 @@ class ServerTrendsPanel(Panel):
         pad = cells - n * rep
         per = "1 scrape" if tr.per_column == 1 else f"{tr.per_column} scrapes"
         head = f"a column = {per} · {tr.samples} scrapes over {tr.span_s:.0f} s"
-        ln.add(f"{'':<{LABEL_W}}").add(f"{head:<{cells}}", "$text-muted")
+        if len(head) > cells:
+            head = f"{per}/column"
+        ln.add(f"{'':<{LABEL_W}}").add(f"{head[:cells]:<{cells}}", "$text-muted")
         ln.add(f" {'min':>{NUM_W}}{'max':>{NUM_W}}{'now':>{NUM_W}}", "$text-muted").nl()
         any_bounded = False
         for t in tr.lines.values():
