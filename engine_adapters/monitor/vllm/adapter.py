@@ -28,17 +28,15 @@ import time
 from time import perf_counter_ns as _clk
 from typing import Any, ClassVar
 
+import msgspec
+
 from engine_adapters.definitions.records import (
     SCHEMA_VERSION,
-    Ceiling,
     EngineInfo,
     Hello,
     MetricsSample,
     Record,
-    Refused,
     SessionEvent,
-    TriggerInfo,
-    to_builtins,
 )
 from engine_adapters.monitor.base import (
     Adapter,
@@ -46,17 +44,13 @@ from engine_adapters.monitor.base import (
     AdapterTargetError,
     Reconnecting,
     Session,
-    new_capture_id,
 )
+from engine_adapters.monitor.vllm.announced import Announcement, find, merge
 from engine_adapters.monitor.vllm.capture import (
-    PROFILER_FLAG_HELP,
     HttpCapture,
-    HttpCaptureJob,
-    profile_prefix,
-    validate_request,
 )
 from engine_adapters.monitor.vllm.http import HttpClient, ServerUnreachable
-from engine_adapters.monitor.vllm.info import build_info, loop_count_from, read_model_config
+from engine_adapters.monitor.vllm.info import build_info, local_ceiling, loop_count_from, read_model_config
 from engine_adapters.monitor.vllm.metrics import (
     CACHE_INFO,
     LmHead,
@@ -68,52 +62,21 @@ from engine_adapters.monitor.vllm.metrics import (
     lm_head_from,
     parse_scrape,
 )
+from engine_adapters.monitor.vllm.session_capture import CaptureSide
 
 DEFAULT_INTERVAL_S = 1.0
 BACKOFF_S = (0.5, 1.0, 2.0, 3.0)
 SLOW_POLLS_BEFORE_LOST = 3
 """Consecutive /metrics timeouts before the server counts as lost (one slow answer does not)."""
+ANNOUNCE_POLLS = 30
+"""Polls after connecting during which a missing plugin announcement is looked for again."""
 QUEUE_MAX = 4096
 CLOSE_WAIT_S = 0.2
 """Longest ``close()`` waits for a capture thread, and for sending its ``/stop_profile``."""
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0")
 
 
-def _local_ceiling() -> Ceiling | None:
-    """Peak figures of this host's device for a server on this host: a cached calibration
-    (``rltperf calibrate``) or the spec table; never a measurement in the monitor (no
-    torch import here).  The first NVIDIA GPU is assumed when NVML sees one."""
-    try:
-        from engine_adapters.definitions.ceilings import (
-            _from_calibration,
-            cache_key,
-            ceiling_for,
-            load_calibrations,
-            spec_ceiling,
-        )
-
-        name = None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            try:
-                if pynvml.nvmlDeviceGetCount() > 0:
-                    n = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-                    name = n.decode() if isinstance(n, bytes) else str(n)
-            finally:
-                pynvml.nvmlShutdown()
-        except Exception:
-            name = None
-        if name is None:
-            return ceiling_for("cpu", quick=False)
-        cal = load_calibrations().get(cache_key(name))
-        return _from_calibration(name, cal, None) if cal else spec_ceiling(name)
-    except Exception:
-        return None
-
-
-class VllmSession(Session):
+class VllmSession(CaptureSide, Session):
     """A live session on one vLLM server (see the module docstring)."""
 
     def __init__(self, adapter: VllmAdapter) -> None:
@@ -123,6 +86,10 @@ class VllmSession(Session):
         self.http = HttpClient(adapter.base_url, timeout=adapter.timeout)
         self.interval = adapter.interval
         self.profiler_dir: str | None = adapter.profiler_dir
+        self.profiler_dir_source = "--profiler-dir" if adapter.profiler_dir else None
+        self.announcement: Announcement | None = None
+        """The rltperf plugin's announcement of this server (same host only), if any."""
+        self.announcement_why = ""
         self.snapshot_root = os.path.abspath(adapter.snapshot_root)
         self.reconnect = adapter.reconnect
         self.info: EngineInfo | None = None
@@ -219,6 +186,7 @@ class VllmSession(Session):
             local,
             loop_source,
         )
+        info = self._announced(info)
         self.profiler_available = self._has_profiler_routes()
         caps = ["metrics"]
         if self.profiler_available is not False:
@@ -230,11 +198,34 @@ class VllmSession(Session):
             stage_names=[],
             probe_version="",
             wall_minus_mono_ns=time.time_ns() - _clk(),
-            ceiling=_local_ceiling() if local else None,
+            ceiling=local_ceiling() if local else None,
             started_ns=_clk(),
             capabilities=caps,
         )
         return scrape
+
+    def _announced(self, info: EngineInfo) -> EngineInfo:
+        """``info`` completed by the rltperf plugin's announcement of this server, whose
+        profiler directory is used unless ``--profiler-dir`` was given (``announced.py``)."""
+        ann, self.announcement_why = find(self.http.host, self.http.port)
+        self.announcement = ann
+        if ann is None:
+            return info
+        if not self.adapter.profiler_dir:
+            self.profiler_dir = ann.profiler_dir
+            self.profiler_dir_source = ann.source() if ann.profiler_dir else None
+        return merge(info, ann)
+
+    def _refresh_announcement(self) -> None:
+        """Look again for the plugin's announcement (written when the engine's loop starts,
+        which may follow the first answers); when it appears, say so with a new ``Hello``."""
+        if self.announcement is not None or self.info is None or self.hello is None:
+            return
+        info = self._announced(self.info)
+        if self.announcement is not None:
+            self.info = info
+            self.hello = msgspec.structs.replace(self.hello, engine=info)
+            self._post(self.hello)
 
     def _has_profiler_routes(self) -> bool | None:
         """Whether the server serves /start_profile (from its OpenAPI schema; None: unknown)."""
@@ -320,6 +311,8 @@ class VllmSession(Session):
             except ServerUnreachable as exc:
                 self._lost(str(exc))
             return
+        if self.polls <= ANNOUNCE_POLLS:
+            self._refresh_announcement()
         sample = derive(prev, cur, self._mfu, float(self.loop_count or 1), self.loop_known, head=self.head)
         self.last_sample = sample
         self._post(sample)
@@ -355,57 +348,6 @@ class VllmSession(Session):
         self._post(self.hello)
         return True
 
-    # -- used by captures ----------------------------------------------------------------------
-
-    def scrape_steps(self) -> float | None:
-        """A fresh read of the server's cumulative engine steps (None when unavailable)."""
-        try:
-            status, body = self.http.request("GET", "/metrics")
-            if status != 200:
-                return None
-            return parse_scrape(body.decode("utf-8", "replace"), _clk()).steps()
-        except (ServerUnreachable, ScrapeError):
-            return None
-
-    def capture_blocker(self) -> str | None:
-        """Why a capture cannot run here, or None."""
-        if self.profiler_available is False:
-            return (
-                f"the vLLM server at {self.base_url} was started without --profiler-config, so it has no "
-                f"/start_profile; restart it with {PROFILER_FLAG_HELP} and give rltperf the same directory "
-                "with --profiler-dir"
-            )
-        if not self.profiler_dir:
-            return (
-                "rltperf needs the server's trace directory to gather the capture: pass --profiler-dir DIR "
-                "(the torch_profiler_dir of the server's --profiler-config, as seen from this host)"
-            )
-        if not os.path.isdir(self.profiler_dir):
-            return (
-                f"--profiler-dir {self.profiler_dir} is not a directory on this host: rltperf gathers vLLM's "
-                "traces from the server's torch_profiler_dir (same host or a shared mount)"
-            )
-        return None
-
-    def _live(self) -> dict[str, Any]:
-        s = self.last_sample
-        if s is None or s.interval_s <= 0:
-            return {}
-        return {
-            "source": s.source,
-            "interval_s": round(s.interval_s, 3),
-            "tokens_per_s": round(s.generation_tokens / s.interval_s, 3),
-            "steps_per_s": round(s.steps / s.interval_s, 3),
-            "running": s.running,
-            "waiting": s.waiting,
-            "kv_usage": s.kv_usage,
-        }
-
-    def _capture_finished(self, cap: HttpCapture) -> None:
-        with self._lock:
-            if self._capture is cap:
-                self._capture = None
-
     # -- Session API ---------------------------------------------------------------------------
 
     def read(self, timeout: float) -> list[Record]:
@@ -419,35 +361,6 @@ class VllmSession(Session):
                 out.append(self._q.get_nowait())
             except queue.Empty:
                 return out
-
-    def request_capture(
-        self, steps: int, mode: str = "ops", label: str | None = None, trigger: TriggerInfo | None = None
-    ) -> str:
-        cid = new_capture_id()
-        bad = validate_request(steps, mode, cid)
-        if bad:
-            self._post(Refused(reason=bad, capture_id=cid))
-            return cid
-        with self._lock:
-            running = self._capture
-            if running is not None:
-                self._post(Refused(
-                    reason=f"a capture is already running ({running.job.capture_id}: {running.job.state}); one at a time",
-                    capture_id=cid,
-                ))  # fmt: skip
-                return cid
-            from engine_adapters.probe.capture import sanitize_label
-
-            lab = sanitize_label(label)
-            job = HttpCaptureJob(
-                capture_id=cid, steps=steps, mode=mode, label=lab, prefix=profile_prefix(cid, lab),
-                requested_ns=_clk(), live_at_trigger=self._live(),
-                trigger=to_builtins(trigger) if trigger is not None else None,
-            )  # fmt: skip
-            cap = HttpCapture(self, job)
-            self._capture = cap
-        cap.start()
-        return cid
 
     def close(self) -> None:
         """Stop polling and cancel a capture in flight, waiting at most ``CLOSE_WAIT_S``.

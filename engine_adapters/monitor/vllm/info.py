@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from engine_adapters.definitions.contract import CONTRACT_FIELDS, unknown
-from engine_adapters.definitions.records import EngineInfo
+from engine_adapters.definitions.records import Ceiling, EngineInfo
 
 LOOP_KEYS = ("total_ut_steps", "num_loops", "loop_count", "n_loops")
 """``config.json`` keys that give a looped model's passes over its layers (Ouro: total_ut_steps)."""
@@ -158,3 +158,37 @@ def build_info(
         kv_block_tokens=block,
         contract=contract,
     )
+
+
+def local_ceiling() -> Ceiling | None:
+    """Peak figures of this host's device for a server on this host: a cached calibration
+    (``rltperf calibrate``) or the spec table; never a measurement in the monitor (no
+    torch import here).  The first NVIDIA GPU is assumed when NVML sees one."""
+    try:
+        from engine_adapters.definitions.ceilings import (
+            _from_calibration,
+            cache_key,
+            ceiling_for,
+            load_calibrations,
+            spec_ceiling,
+        )
+
+        name = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            try:
+                if pynvml.nvmlDeviceGetCount() > 0:
+                    n = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+                    name = n.decode() if isinstance(n, bytes) else str(n)
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception:
+            name = None
+        if name is None:
+            return ceiling_for("cpu", quick=False)
+        cal = load_calibrations().get(cache_key(name))
+        return _from_calibration(name, cal, None) if cal else spec_ceiling(name)
+    except Exception:
+        return None

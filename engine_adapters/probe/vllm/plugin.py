@@ -28,6 +28,9 @@ _registered = False
 def register() -> None:
     """vLLM's plugin hook: inert unless ``RLTPERF_PROBE`` is set (see the module docstring)."""
     global _registered
+    from engine_adapters.probe.vllm import announce  # stdlib only; does nothing unless enabled
+
+    announce.maybe_enable()  # the server's announcement for monitors on this host (announce.py)
     listen = os.environ.get(ENV, "").strip()
     if not listen or _registered:
         return

@@ -1,0 +1,194 @@
+"""The monitor's side of the plugin's announcement (``engine_adapters.probe.vllm.announce``).
+
+``find(host, port)`` returns the announcement of the vLLM server listening on
+``host:port`` on this host: both of its processes alive (pid and start time), the API
+server listening on that port at an address ``host`` reaches.  A file left by a
+killed server, a server on another port, or a target on another host gives None and
+a sentence why.  ``merge`` fills an ``EngineInfo`` learnt over HTTP with what the
+engine announced (dtype, device, quantization, limits, contract fields).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from engine_adapters.definitions.contract import is_unknown
+from engine_adapters.definitions.records import EngineInfo
+from engine_adapters.probe.vllm.announce import FORMAT, alive, private_dir, runtime_dirs
+
+ENABLE_HINT = "start the server with RLTPERF_PROBE=HOST:PORT or RLTPERF_ANNOUNCE=1 and rltperf installed"
+_LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+
+
+@dataclass
+class Announcement:
+    """One live server's announcement."""
+
+    path: str
+    data: dict[str, Any]
+
+    @property
+    def api_pid(self) -> int:
+        return int(self.data["api_pid"])
+
+    @property
+    def engine_pid(self) -> int:
+        return int(self.data["engine_pid"])
+
+    @property
+    def profiler(self) -> dict[str, Any] | None:
+        """The server's profiler config (None: started without ``--profiler-config``)."""
+        p = self.data.get("profiler")
+        return p if isinstance(p, dict) else None
+
+    @property
+    def profiler_dir(self) -> str | None:
+        """``torch_profiler_dir`` of the server's ``--profiler-config`` (absolute, or a URI)."""
+        p = self.profiler
+        d = p.get("torch_profiler_dir") if p else None
+        return str(d) if d else None
+
+    @property
+    def engine(self) -> dict[str, Any]:
+        e = self.data.get("engine")
+        return e if isinstance(e, dict) else {}
+
+    def source(self) -> str:
+        return f"announced by the rltperf plugin in vLLM (API server pid {self.api_pid}, {self.path})"
+
+
+def _read(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        return None
+    try:
+        int(d["api_pid"]), int(d["engine_pid"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return d
+
+
+def _ips(host: str) -> set[str]:
+    """The IP addresses ``host`` names (loopback names without a resolver)."""
+    h = host.strip("[]")
+    if h.lower() in _LOOPBACK_NAMES:
+        return {"127.0.0.1", "::1"}
+    try:
+        return {str(ipaddress.ip_address(h))}
+    except ValueError:
+        pass
+    try:
+        return {str(ai[4][0]) for ai in socket.getaddrinfo(h, None, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        return set()
+
+
+def _local(ip: str) -> bool:
+    """Whether ``ip`` belongs to this host (loopback, or an address a socket can bind)."""
+    try:
+        a = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    if a.is_loopback or a.is_unspecified:
+        return True
+    fam = socket.AF_INET6 if a.version == 6 else socket.AF_INET
+    with contextlib.suppress(OSError), socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.bind((ip, 0))
+        return True
+    return False
+
+
+def _reaches(listen_addr: str, ips: set[str]) -> bool:
+    """Whether a socket listening on ``listen_addr`` is reached through one of ``ips``."""
+    try:
+        la = ipaddress.ip_address(listen_addr)
+    except ValueError:
+        return False
+    for ip in ips:
+        a = ipaddress.ip_address(ip)
+        if la.is_unspecified and (la.version == a.version or la.version == 6):
+            return True  # 0.0.0.0 takes every IPv4 address of the host; :: usually both families
+        if la == a or (la.is_loopback and a.is_loopback):
+            return True
+    return False
+
+
+def find(host: str, port: int) -> tuple[Announcement | None, str]:
+    """The live announcement of the server at ``host:port`` on this host, and why none."""
+    dirs = [d for d in runtime_dirs() if private_dir(d)]
+    if not dirs:
+        return None, f"no rltperf runtime directory on this host ({' or '.join(runtime_dirs()) or 'none'})"
+    ips = _ips(host)
+    local = {ip for ip in ips if _local(ip)}
+    if not local:
+        return None, f"{host} is not this host: announcements are only seen on the server's own host"
+    found: list[tuple[float, Announcement]] = []
+    stale = 0
+    for d in dirs:
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(".json"))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(d, name)
+            data = _read(path)
+            if data is None:
+                continue
+            ports = [(str(a), int(p)) for a, p in data.get("listen") or [] if int(p) == port]
+            if not ports or not any(_reaches(a, local) for a, _ in ports):
+                continue
+            if not (alive(int(data["api_pid"]), data.get("api_start"))
+                    and alive(int(data["engine_pid"]), data.get("engine_start"))):  # fmt: skip
+                stale += 1
+                continue
+            with contextlib.suppress(OSError):
+                found.append((os.path.getmtime(path), Announcement(path, data)))
+    if found:
+        return max(found, key=lambda t: t[0])[1], ""
+    why = f"no live rltperf announcement for port {port} in {' or '.join(dirs)}"
+    if stale:
+        why += f" ({stale} left by a server that is gone, ignored)"
+    return None, why + f": {ENABLE_HINT}"
+
+
+def merge(info: EngineInfo, ann: Announcement) -> EngineInfo:
+    """``info`` (from HTTP) with what the engine announced filled in: its dtype, device,
+    quantization, limits and pid, and every contract field HTTP left unknown."""
+    e = ann.engine
+    fields: dict[str, Any] = {}
+    for k in ("dtype", "quantization", "device", "max_requests", "token_budget", "spec_config",
+              "kv_block_tokens", "kv_capacity_blocks"):  # fmt: skip
+        if getattr(info, k) is None and e.get(k) is not None:
+            fields[k] = e[k]
+    fields["pid"] = ann.engine_pid
+    fields["host"] = ann.data.get("hostname") or info.host
+    contract = dict(info.contract)
+    announced = dict(e.get("contract") or {})
+    if e.get("dtype"):
+        announced.setdefault("dtype", e["dtype"])
+    if e.get("quantization"):
+        announced.setdefault("quantization", e["quantization"])
+    if e.get("device") and "devices" not in announced:
+        announced["devices"] = e["device"]
+    for k, v in announced.items():
+        cur = contract.get(k)
+        if v is not None and (cur is None or is_unknown(cur)):
+            contract[k] = v
+    prof = ann.profiler
+    contract["profiler_config"] = (
+        {k: v for k, v in prof.items() if v is not None} if prof else "off (no --profiler-config)"
+    )
+    contract["announced_by"] = ann.source()
+    return msgspec.structs.replace(info, contract=contract, **fields)

@@ -1,0 +1,147 @@
+"""The capture side of a ``vllm+http://`` session: whether a capture can run, and starting one.
+
+``CaptureSide`` is mixed into ``VllmSession`` (``adapter.py``); the capture itself runs
+in ``capture.HttpCapture``'s thread.  The server's trace directory comes from
+``--profiler-dir`` or, for a server on this host, from the rltperf plugin's
+announcement (``announced.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from time import perf_counter_ns as _clk
+from typing import Any
+
+from engine_adapters.definitions.records import (
+    EngineInfo,
+    MetricsSample,
+    Record,
+    Refused,
+    TriggerInfo,
+    to_builtins,
+)
+from engine_adapters.monitor.base import new_capture_id
+from engine_adapters.monitor.vllm.announced import Announcement
+from engine_adapters.monitor.vllm.capture import (
+    PROFILER_FLAG_HELP,
+    HttpCapture,
+    HttpCaptureJob,
+    profile_prefix,
+    validate_request,
+)
+from engine_adapters.monitor.vllm.http import HttpClient, ServerUnreachable
+from engine_adapters.monitor.vllm.metrics import ScrapeError, parse_scrape
+
+
+class CaptureSide:
+    """Capture methods of ``VllmSession`` (the attributes below are the session's)."""
+
+    base_url: str
+    http: HttpClient
+    info: EngineInfo | None
+    profiler_available: bool | None
+    profiler_dir: str | None
+    profiler_dir_source: str | None
+    announcement: Announcement | None
+    announcement_why: str
+    last_sample: MetricsSample | None
+    _capture: HttpCapture | None
+    _lock: threading.Lock
+
+    _post: Callable[[Record], None]
+    _refresh_announcement: Callable[[], None]
+
+    def scrape_steps(self) -> float | None:
+        """A fresh read of the server's cumulative engine steps (None when unavailable)."""
+        try:
+            status, body = self.http.request("GET", "/metrics")
+            if status != 200:
+                return None
+            return parse_scrape(body.decode("utf-8", "replace"), _clk()).steps()
+        except (ServerUnreachable, ScrapeError):
+            return None
+
+    def capture_blocker(self) -> str | None:
+        """Why a capture cannot run here, or None."""
+        if self.profiler_available is False:
+            return (
+                f"the vLLM server at {self.base_url} was started without --profiler-config, so it has no "
+                f"/start_profile; restart it with {PROFILER_FLAG_HELP} (with the rltperf plugin enabled rltperf "
+                "finds that directory by itself; otherwise give it with --profiler-dir)"
+            )
+        if not self.profiler_dir:
+            self._refresh_announcement()
+        ann = self.announcement
+        if not self.profiler_dir:
+            if ann is not None:
+                return (
+                    f"the rltperf plugin in the server at {self.base_url} says it was started without "
+                    f"--profiler-config; restart it with {PROFILER_FLAG_HELP}"
+                )
+            return (
+                "rltperf needs the server's trace directory to gather the capture: pass --profiler-dir DIR "
+                "(the torch_profiler_dir of the server's --profiler-config, as seen from this host); "
+                f"it is found by itself for a server on this host with the rltperf plugin ({self.announcement_why})"
+            )
+        if not os.path.isdir(self.profiler_dir):
+            given = (
+                "--profiler-dir"
+                if self.profiler_dir_source == "--profiler-dir"
+                else "the server's torch_profiler_dir"
+            )
+            return (
+                f"{given} {self.profiler_dir} is not a directory on this host: rltperf gathers vLLM's "
+                "traces from the server's torch_profiler_dir (same host or a shared mount; --profiler-dir "
+                "names where this host sees it)"
+            )
+        return None
+
+    def _live(self) -> dict[str, Any]:
+        s = self.last_sample
+        if s is None or s.interval_s <= 0:
+            return {}
+        return {
+            "source": s.source,
+            "interval_s": round(s.interval_s, 3),
+            "tokens_per_s": round(s.generation_tokens / s.interval_s, 3),
+            "steps_per_s": round(s.steps / s.interval_s, 3),
+            "running": s.running,
+            "waiting": s.waiting,
+            "kv_usage": s.kv_usage,
+        }
+
+    def _capture_finished(self, cap: HttpCapture) -> None:
+        with self._lock:
+            if self._capture is cap:
+                self._capture = None
+
+    def request_capture(
+        self, steps: int, mode: str = "ops", label: str | None = None, trigger: TriggerInfo | None = None
+    ) -> str:
+        cid = new_capture_id()
+        bad = validate_request(steps, mode, cid)
+        if bad:
+            self._post(Refused(reason=bad, capture_id=cid))
+            return cid
+        with self._lock:
+            running = self._capture
+            if running is not None:
+                self._post(Refused(
+                    reason=f"a capture is already running ({running.job.capture_id}: {running.job.state}); one at a time",
+                    capture_id=cid,
+                ))  # fmt: skip
+                return cid
+            from engine_adapters.probe.capture import sanitize_label
+
+            lab = sanitize_label(label)
+            job = HttpCaptureJob(
+                capture_id=cid, steps=steps, mode=mode, label=lab, prefix=profile_prefix(cid, lab),
+                requested_ns=_clk(), live_at_trigger=self._live(),
+                trigger=to_builtins(trigger) if trigger is not None else None,
+            )  # fmt: skip
+            cap = HttpCapture(self, job)  # type: ignore[arg-type]  # self is the VllmSession
+            self._capture = cap
+        cap.start()
+        return cid
