@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from typing import Any
 
 from engine_adapters.definitions.records import Ceiling
 from engine_adapters.monitor.recording import RecordingReader
-from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.aggregator import MetricsWindow, TargetStats
 
 
 def load_recording(
@@ -27,14 +28,31 @@ def load_recording(
         return stats, reader.header, reader.warning
 
 
+SUMMARY_KEYS = (
+    "steps", "wall_s", "baseline_s", "excluded_s", "step_ms", "gap_ms", "idle_fraction", "mbu",
+    "tokens_per_s", "ttft_ms", "tpot_ms", "requests", "dropped", "peak", "achieved_gbps", "verdict",
+    "steps_per_s", "stage_ms_mean", "goodput_rps", "profiled_steps", "excluded", "exit_hist",
+    "mean_exit_depth", "acceptance_rate", "mean_acceptance_len", "engine", "random_weights",
+    "figures_from", "statistics", "metrics", "warning",
+)  # fmt: skip
+"""The top-level keys of ``rltperf summary --json``: the same for every kind of target
+(a figure a target cannot give is null).  ``figures_from`` says where the top-level
+figures come from: ``"steps"`` (per-step records), ``"metrics"`` (a metrics endpoint
+such as vLLM's ``/metrics``, whose full window is under ``metrics``) or null (neither)."""
+
+METRICS_FAILED_REASONS = ("abort", "error")
+"""``finished_reason`` labels of vLLM's request counter that count as failed requests."""
+
+
 def summarize(
     stats: TargetStats, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
 ) -> dict[str, Any]:
-    """The ``rltperf summary --json`` object: the whole stream, or what a bounded ring
-    still keeps (``TargetStats.kept_seconds``; ``statistics`` then says so)."""
+    """The ``rltperf summary --json`` object (keys: ``SUMMARY_KEYS``): the whole stream, or
+    what a bounded ring still keeps (``TargetStats.kept_seconds``; ``statistics`` then says so)."""
     kept = stats.kept_seconds()
     w = stats.window(kept, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
-    out = w.as_summary()
+    out: dict[str, Any] = dict.fromkeys(SUMMARY_KEYS)
+    out.update(w.as_summary())
     out["dropped"] = stats.dropped
     ceiling = stats.ceiling
     out["peak"] = (
@@ -67,6 +85,7 @@ def summarize(
     info = stats.info
     out["engine"] = info.name if info else None
     out["random_weights"] = info.random_weights if info else None
+    out["figures_from"] = "steps" if w.steps else None
     out["statistics"] = (
         "percentiles of pooled samples over the whole recording; rates over its wall time "
         "(first to last timestamp), profiled/exporting/warm-up steps and their time left out"
@@ -75,7 +94,24 @@ def summarize(
         out["statistics"] += f"; only the last {len(stats.steps)} steps ({kept:.0f} s) were kept in memory"
     mw = stats.metrics_window(None)  # vLLM over HTTP: its /metrics, not per-step records
     if mw is not None:
-        from dataclasses import asdict
-
         out["metrics"] = asdict(mw)
+        if not w.steps:
+            _from_metrics(out, mw)
     return out
+
+
+def _from_metrics(out: dict[str, Any], mw: MetricsWindow) -> None:
+    """The top-level figures of a recording without step records, from its metrics window."""
+    out["figures_from"] = "metrics"
+    out["tokens_per_s"] = mw.tokens_per_s
+    out["steps_per_s"] = mw.steps_per_s
+    out["achieved_gbps"] = mw.achieved_gbps
+    out["mbu"] = mw.mbu
+    out["ttft_ms"] = mw.latency_ms.get("ttft", out["ttft_ms"])
+    out["tpot_ms"] = mw.latency_ms.get("tpot", out["tpot_ms"])
+    failed = sum(v for k, v in mw.finished.items() if k in METRICS_FAILED_REASONS)
+    out["requests"] = {"ok": int(sum(mw.finished.values()) - failed), "failed": int(failed)}
+    out["statistics"] = (
+        f"from {mw.source}: rates over {mw.span_s:.1f} s of scrape intervals ({mw.samples} scrapes); "
+        f"TTFT/TPOT {mw.percentile_method}; no per-step records, so step/gap/idle figures are null"
+    )

@@ -19,7 +19,11 @@ to its last timestamp: quiet time counts as idle) less the time of profiled,
 exporting and warm-up steps, which leave every figure, as do the requests in flight
 during them (the output says how many).  JSON keys (--json): steps, wall_s, baseline_s,
 excluded_s, step_ms, gap_ms, idle_fraction, mbu, tokens_per_s, ttft_ms, tpot_ms,
-requests, excluded, dropped.
+requests, excluded, dropped, ... — the same keys for every kind of target, a figure
+it cannot give being null.  A recording of a metrics endpoint (vllm+http://) has no
+step records: its top-level tokens/s, steps/s, bandwidth, MBU, TTFT/TPOT (histogram
+estimates) and requests come from the scrapes ("figures_from": "metrics"), the whole
+metrics window is under "metrics".
 
 A damaged file is read around the damage (every readable frame is kept); what was
 skipped, with byte offsets, goes to stderr and to "warning" in the JSON.  Exit status:
@@ -53,13 +57,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"rltperf summary: error: {args.file}: no readable records{why}", file=sys.stderr)
         return 1
     out = summarize(stats, args.slo_ttft_ms, args.slo_tpot_ms)
+    out["warning"] = warning
     if warning:
-        out["warning"] = warning
         print(f"rltperf summary: warning: {args.file}: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
     peak = out["peak"]
+    from_metrics = out["figures_from"] == "metrics"
     lines = [
         f"{args.file}: {header.get('target', '?')} recorded {header.get('created_utc', '?')}",
         f"engine      {out['engine']}" + ("  [random weights]" if out["random_weights"] else ""),
@@ -76,12 +81,15 @@ def run(args: argparse.Namespace) -> int:
             else " (no peak known: --peak-gbps)"
         ),
         f"verdict     {out['verdict']}",
-        f"tokens/s    {_f(out['tokens_per_s'], '{:.1f}')}",
+        f"tokens/s    {_f(out['tokens_per_s'], '{:.1f}')}"
+        + (" (from the server's metrics)" if from_metrics else ""),
         f"TTFT ms     {_p(out['ttft_ms'])}",
         f"TPOT ms     {_p(out['tpot_ms'])}",
         f"requests    ok {out['requests']['ok']}  failed {out['requests']['failed']}"
         + (f"  goodput {out['goodput_rps']:.2f} req/s" if out["goodput_rps"] is not None else ""),
-        "(percentiles of pooled samples over the whole recording)",
+        "(histogram estimates from the server's metrics; see below)"
+        if from_metrics
+        else "(percentiles of pooled samples over the whole recording)",
     ]
     m = out.get("metrics")
     if m:

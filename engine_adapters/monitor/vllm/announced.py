@@ -22,7 +22,7 @@ import msgspec
 
 from engine_adapters.definitions.contract import is_unknown
 from engine_adapters.definitions.records import EngineInfo
-from engine_adapters.probe.vllm.announce import FORMAT, alive, private_dir, runtime_dirs
+from engine_adapters.probe.vllm.announce import FORMAT, alive, private_dir, runtime_dirs, tcp_listeners
 
 ENABLE_HINT = "start the server with RLTPERF_PROBE=HOST:PORT or RLTPERF_ANNOUNCE=1 and rltperf installed"
 _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
@@ -146,12 +146,16 @@ def find(host: str, port: int) -> tuple[Announcement | None, str]:
             data = _read(path)
             if data is None:
                 continue
-            ports = [(str(a), int(p)) for a, p in data.get("listen") or [] if int(p) == port]
-            if not ports or not any(_reaches(a, local) for a, _ in ports):
-                continue
-            if not (alive(int(data["api_pid"]), data.get("api_start"))
-                    and alive(int(data["engine_pid"]), data.get("engine_start"))):  # fmt: skip
+            api = int(data["api_pid"])
+            if not (
+                alive(api, data.get("api_start")) and alive(int(data["engine_pid"]), data.get("engine_start"))
+            ):
                 stale += 1
+                continue
+            listen = [(str(a), int(p)) for a, p in data.get("listen") or []]
+            if not any(p == port for _, p in listen):  # written before the port was bound: look now
+                listen = tcp_listeners(api)
+            if not any(p == port and _reaches(a, local) for a, p in listen):
                 continue
             with contextlib.suppress(OSError):
                 found.append((os.path.getmtime(path), Announcement(path, data)))

