@@ -18,7 +18,8 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profiler-dir",
         default=None,
-        help="vLLM targets: the server's torch_profiler_dir, where its traces are gathered from",
+        help="vLLM targets: the server's torch_profiler_dir, where its traces are gathered from "
+        "(default: announced by the rltperf plugin for a server on this host)",
     )
     p.add_argument(
         "--loop-count",

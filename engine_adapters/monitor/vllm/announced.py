@@ -1,4 +1,4 @@
-"""The monitor's side of the plugin's announcement (``engine_adapters.probe.vllm.announce``).
+"""The monitor's side of the plugin's announcement (written by ``engine_adapters.probe.vllm.announce``).
 
 ``find(host, port)`` returns the announcement of the vLLM server listening on
 ``host:port`` on this host: both of its processes alive (pid and start time), the API
@@ -20,9 +20,9 @@ from typing import Any
 
 import msgspec
 
+from engine_adapters.definitions.announcement import FORMAT, alive, private_dir, runtime_dirs, tcp_listeners
 from engine_adapters.definitions.contract import is_unknown
 from engine_adapters.definitions.records import EngineInfo
-from engine_adapters.probe.vllm.announce import FORMAT, alive, private_dir, runtime_dirs, tcp_listeners
 
 ENABLE_HINT = "start the server with RLTPERF_PROBE=HOST:PORT or RLTPERF_ANNOUNCE=1 and rltperf installed"
 _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")

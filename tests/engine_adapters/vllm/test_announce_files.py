@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_adapters.definitions import announcement as where
 from engine_adapters.definitions.contract import is_unknown
 from engine_adapters.monitor.vllm.announced import find, merge
 from engine_adapters.monitor.vllm.info import build_info
@@ -65,19 +66,19 @@ def server() -> Iterator[FakeServer]:
 @pytest.fixture
 def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "run"
-    monkeypatch.setenv(announce.ENV_RUNTIME_DIR, str(root))
+    monkeypatch.setenv(where.ENV_RUNTIME_DIR, str(root))
     return root / "vllm"
 
 
 def _doc(srv: FakeServer, profiler_dir: str = "/srv/prof") -> dict:
     """The announcement vLLM's engine core would write for ``srv`` (``describe``'s shape)."""
     return {
-        "format": announce.FORMAT,
+        "format": where.FORMAT,
         "api_pid": srv.proc.pid,
-        "api_start": announce.start_time(srv.proc.pid),
+        "api_start": where.start_time(srv.proc.pid),
         "engine_pid": srv.engine_pid,
-        "engine_start": announce.start_time(srv.engine_pid),
-        "listen": [list(a) for a in announce.tcp_listeners(srv.proc.pid)],
+        "engine_start": where.start_time(srv.engine_pid),
+        "listen": [list(a) for a in where.tcp_listeners(srv.proc.pid)],
         "hostname": socket.gethostname(),
         "profiler": {"profiler": "torch", "torch_profiler_dir": profiler_dir},
         "engine": {"name": "vllm", "dtype": "bfloat16", "device": "cpu", "quantization": "none",
@@ -94,38 +95,38 @@ def test_listening_sockets_of_a_process_are_read_from_proc() -> None:
         port = lis.getsockname()[1]
         cli.connect(("127.0.0.1", port))  # a connected socket is not a listener
         bound.bind(("127.0.0.1", 0))  # bound, not listening: the kernel does not list it yet
-        got = announce.tcp_listeners(os.getpid())
+        got = where.tcp_listeners(os.getpid())
         assert ("127.0.0.1", port) in got and ("127.0.0.1", bound.getsockname()[1]) not in got
         assert all(p != cli.getsockname()[1] for _, p in got)
-    assert ("127.0.0.1", port) not in announce.tcp_listeners(os.getpid())
+    assert ("127.0.0.1", port) not in where.tcp_listeners(os.getpid())
 
 
 def test_alive_tells_a_dead_or_reused_pid() -> None:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait(10)
-    assert not announce.alive(p.pid, None)
-    me = announce.start_time(os.getpid())
-    assert announce.alive(os.getpid(), me)
+    assert not where.alive(p.pid, None)
+    me = where.start_time(os.getpid())
+    assert where.alive(os.getpid(), me)
     if me is not None:  # the same pid with another start time is another process
-        assert not announce.alive(os.getpid(), me + 1)
+        assert not where.alive(os.getpid(), me + 1)
 
 
 def test_runtime_dirs_and_privacy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(announce.ENV_RUNTIME_DIR, raising=False)
+    monkeypatch.delenv(where.ENV_RUNTIME_DIR, raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
-    dirs = announce.runtime_dirs()
+    dirs = where.runtime_dirs()
     assert dirs == [str(tmp_path / "xdg" / "rltperf" / "vllm"), f"/tmp/rltperf-{os.getuid()}/vllm"]
-    monkeypatch.setenv(announce.ENV_RUNTIME_DIR, str(tmp_path / "own"))
-    assert announce.runtime_dirs() == [str(tmp_path / "own" / "vllm")]
+    monkeypatch.setenv(where.ENV_RUNTIME_DIR, str(tmp_path / "own"))
+    assert where.runtime_dirs() == [str(tmp_path / "own" / "vllm")]
     open_dir = tmp_path / "open"
     open_dir.mkdir(mode=0o755)
     os.chmod(open_dir, 0o755)
-    assert not announce.private_dir(str(open_dir))  # others can read it: not used
+    assert not where.private_dir(str(open_dir))  # others can read it: not used
     link = tmp_path / "link"
     priv = tmp_path / "priv"
     priv.mkdir(mode=0o700)
     link.symlink_to(priv)
-    assert announce.private_dir(str(priv)) and not announce.private_dir(str(link))
+    assert where.private_dir(str(priv)) and not where.private_dir(str(link))
 
 
 def test_enabled_by_probe_or_flag(monkeypatch: pytest.MonkeyPatch) -> None:
