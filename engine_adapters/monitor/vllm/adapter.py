@@ -214,6 +214,9 @@ class VllmSession(CaptureSide, Session):
         if not self.adapter.profiler_dir:
             self.profiler_dir = ann.profiler_dir
             self.profiler_dir_source = ann.source() if ann.profiler_dir else None
+        if not self.loop_known and "max_loops" in ann.engine:  # config.json not readable here
+            self.loop_count = int(ann.engine["max_loops"] or 1)
+            self.loop_known = True
         return merge(info, ann)
 
     def _refresh_announcement(self) -> None:

@@ -173,7 +173,7 @@ def merge(info: EngineInfo, ann: Announcement) -> EngineInfo:
     e = ann.engine
     fields: dict[str, Any] = {}
     for k in ("dtype", "quantization", "device", "max_requests", "token_budget", "spec_config",
-              "kv_block_tokens", "kv_capacity_blocks"):  # fmt: skip
+              "kv_block_tokens", "kv_capacity_blocks", "max_loops", "loop_config", "kv_policy"):  # fmt: skip
         if getattr(info, k) is None and e.get(k) is not None:
             fields[k] = e[k]
     fields["pid"] = ann.engine_pid
@@ -190,6 +190,8 @@ def merge(info: EngineInfo, ann: Announcement) -> EngineInfo:
         cur = contract.get(k)
         if v is not None and (cur is None or is_unknown(cur)):
             contract[k] = v
+    if is_unknown(contract.get("loop_config")) and e.get("loop_config"):
+        contract["loop_config"] = f"{e['loop_config']} (announced by the engine)"
     prof = ann.profiler
     contract["profiler_config"] = (
         {k: v for k, v in prof.items() if v is not None} if prof else "off (no --profiler-config)"

@@ -82,7 +82,8 @@ def _doc(srv: FakeServer, profiler_dir: str = "/srv/prof") -> dict:
         "hostname": socket.gethostname(),
         "profiler": {"profiler": "torch", "torch_profiler_dir": profiler_dir},
         "engine": {"name": "vllm", "dtype": "bfloat16", "device": "cpu", "quantization": "none",
-                   "max_requests": 256, "contract": {"tokenizer": "/m/tok", "devices": "CPU (x)"}},
+                   "max_requests": 256, "max_loops": 4, "loop_config": "looped: 4 passes over the layers (config)",
+                   "contract": {"tokenizer": "/m/tok", "devices": "CPU (x)"}},
     }  # fmt: skip
 
 
@@ -188,7 +189,9 @@ def test_a_directory_others_can_write_is_not_read(server: FakeServer, runtime: P
 
 
 def test_merge_fills_what_http_cannot_tell(server: FakeServer, runtime: Path) -> None:
-    http = build_info("http://127.0.0.1:1", "0.32.0", [{"id": "tiny", "root": "/m"}], None, 1, None, True)
+    # a model whose config.json this host cannot read: no loop count over HTTP
+    http = build_info("http://127.0.0.1:1", "0.32.0", [{"id": "tiny", "root": "/m"}], None, None, None, True)
+    assert http.max_loops is None and is_unknown(http.contract["loop_config"])
     assert http.dtype is None and http.device is None and is_unknown(http.contract["dtype"])
     announce.announce(_doc(server))
     ann, _ = find("127.0.0.1", server.port)
@@ -200,6 +203,7 @@ def test_merge_fills_what_http_cannot_tell(server: FakeServer, runtime: Path) ->
     assert info.contract["devices"] == "CPU (x)"
     assert info.contract["framework"] == "vLLM 0.32.0"  # known over HTTP: kept
     assert info.contract["profiler_config"]["torch_profiler_dir"] == "/srv/prof"
+    assert info.max_loops == 4 and info.contract["loop_config"].startswith("looped: 4 passes")
 
 
 def test_written_before_the_port_listens_is_still_found(server: FakeServer, runtime: Path) -> None:
