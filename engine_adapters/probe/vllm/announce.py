@@ -106,7 +106,10 @@ def _patch(cls: type) -> None:
 
     def run_busy_loop(self: Any) -> Any:
         path = None
+        if getattr(self, "_rltperf_announced", False):  # a subclass's loop calling its parent's
+            return orig(self)
         try:
+            self._rltperf_announced = True
             path = announce(describe(self))
         except Exception as exc:
             log.warning("rltperf plugin: could not write its announcement (%s: %s); vLLM runs on",
@@ -121,14 +124,6 @@ def _patch(cls: type) -> None:
     run_busy_loop.__wrapped__ = orig  # type: ignore[attr-defined]
     run_busy_loop.rltperf_announce = True  # type: ignore[attr-defined]
     cls.run_busy_loop = run_busy_loop  # type: ignore[attr-defined]
-
-
-def _loop_count(hf: Any) -> int | None:
-    for key in ("total_ut_steps", "num_loops", "loop_count", "n_loops"):
-        v = getattr(hf, key, None)
-        if isinstance(v, int) and v >= 1:
-            return v
-    return None
 
 
 def describe(core: Any) -> dict[str, Any]:
@@ -147,7 +142,9 @@ def describe(core: Any) -> dict[str, Any]:
         from engine_adapters.probe.vllm import hooks
 
         mc = cfg.model_config
-        loops = _loop_count(getattr(mc, "hf_text_config", None) or mc.hf_config)
+        loops = hooks._loop_count(getattr(mc, "hf_text_config", None) or mc.hf_config) or hooks._loop_count(
+            mc.hf_config
+        )
         engine = hooks.engine_info(core, loops)
     except Exception as exc:  # the announcement still carries the profiler
         engine, engine_error = None, f"{type(exc).__name__}: {exc}"
