@@ -10,7 +10,8 @@ queue, KV, speculative stats) and the request records::
     RLTPERF_PROBE=127.0.0.1:7788 vllm serve MODEL ...
     rltperf attach tcp://127.0.0.1:7788
 
-``RLTPERF_TOKEN`` is required for a non-loopback address; ``RLTPERF_LOOP_COUNT`` corrects
+``RLTPERF_ANNOUNCE=1`` alone only writes the server's announcement for monitors on this
+host (``announce.py``: profiler directory, dtype, device).  ``RLTPERF_TOKEN`` is required for a non-loopback address; ``RLTPERF_LOOP_COUNT`` corrects
 vLLM's byte/FLOP estimates for a looped model.  ``VLLM_PLUGINS`` can exclude the plugin.
 What depends on vLLM's internals (and the supported version range) is in ``hooks.py``.
 """
@@ -28,10 +29,11 @@ _registered = False
 def register() -> None:
     """vLLM's plugin hook: inert unless ``RLTPERF_PROBE`` is set (see the module docstring)."""
     global _registered
-    from engine_adapters.probe.vllm import announce  # stdlib only; does nothing unless enabled
-
-    announce.maybe_enable()  # the server's announcement for monitors on this host (announce.py)
     listen = os.environ.get(ENV, "").strip()
+    if listen or os.environ.get("RLTPERF_ANNOUNCE"):  # the server's announcement to monitors (announce.py)
+        from engine_adapters.probe.vllm import announce
+
+        announce.maybe_enable()
     if not listen or _registered:
         return
     _registered = True
