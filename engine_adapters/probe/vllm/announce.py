@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -66,6 +67,10 @@ PROFILER_FIELDS = (
     "max_iterations",
 )
 """The fields of vLLM 0.32's ``ProfilerConfig`` that the announcement carries."""
+
+LISTEN_WAIT_S = 600.0
+"""How long the engine core waits for its API server to listen before giving up on
+adding the port to the announcement (readers then look it up themselves)."""
 
 log = logging.getLogger("vllm.rltperf")
 _patched: set[type] = set()
@@ -108,15 +113,21 @@ def _patch(cls: type) -> None:
         path = None
         if getattr(self, "_rltperf_announced", False):  # a subclass's loop calling its parent's
             return orig(self)
+        done = threading.Event()
         try:
             self._rltperf_announced = True
-            path = announce(describe(self))
+            doc = describe(self)
+            path = announce(doc)
+            if path is not None and not doc["listen"]:
+                threading.Thread(target=_add_listen, args=(path, doc, done), name="rltperf-announce",
+                                 daemon=True).start()  # fmt: skip
         except Exception as exc:
             log.warning("rltperf plugin: could not write its announcement (%s: %s); vLLM runs on",
                         type(exc).__name__, exc)  # fmt: skip
         try:
             return orig(self)
         finally:
+            done.set()
             if path is not None:
                 withdraw(path)
 
@@ -176,6 +187,18 @@ def describe(core: Any) -> dict[str, Any]:
     }
 
 
+def _add_listen(path: str, doc: dict[str, Any], done: threading.Event) -> None:
+    """Rewrite the announcement with the API server's port once it listens (vLLM listens
+    only after its engine started), so that readers need not look it up themselves."""
+    deadline = time.monotonic() + LISTEN_WAIT_S
+    while not done.wait(1.0) and time.monotonic() < deadline:
+        listen = tcp_listeners(int(doc["api_pid"]))
+        if listen:
+            if not done.is_set() and os.path.exists(path):
+                _write(path, dict(doc, listen=[list(a) for a in listen]))
+            return
+
+
 def prune(directory: str) -> int:
     """Delete announcements in ``directory`` whose processes are gone; how many."""
     n = 0
@@ -208,16 +231,21 @@ def announce(doc: dict[str, Any]) -> str | None:
             continue
         prune(directory)
         path = os.path.join(directory, f"{doc['api_pid']}-{doc['engine_pid']}.json")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1, default=str)
-        os.replace(tmp, path)
+        _write(path, doc)
         atexit.register(withdraw, path)
         log.info("rltperf plugin: announced this server in %s", path)
         return path
     log.warning("rltperf plugin: no private runtime directory among %s; no announcement", runtime_dirs())
     return None
+
+
+def _write(path: str, doc: dict[str, Any]) -> None:
+    """Write ``doc`` to ``path`` atomically, readable by this user only."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, default=str)
+    os.replace(tmp, path)
 
 
 def withdraw(path: str) -> None:

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -215,3 +216,18 @@ def test_written_before_the_port_listens_is_still_found(server: FakeServer, runt
     ann, why = find("127.0.0.1", server.port)
     assert ann is not None and ann.api_pid == server.proc.pid, why
     assert find("127.0.0.1", 1)[0] is None  # and only for the port it listens on
+
+
+def test_the_port_is_added_once_the_api_server_listens(server: FakeServer, runtime: Path) -> None:
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc")
+    doc = dict(_doc(server), listen=[])
+    path = announce.announce(doc)
+    assert path is not None
+    announce._add_listen(path, doc, threading.Event())  # returns once it has seen the port
+    assert ["127.0.0.1", server.port] in json.loads(Path(path).read_text())["listen"]
+    stopped = threading.Event()
+    stopped.set()
+    announce.withdraw(path)
+    announce._add_listen(path, doc, stopped)  # a stopped server's file is not written again
+    assert not Path(path).exists()

@@ -89,6 +89,11 @@ def test_the_server_announces_its_profiler_dir_dtype_and_device(server: Server) 
     assert ann.data["vllm_version"].startswith("0.32")
     assert (ann.engine["dtype"], ann.engine["device"]) == ("float32", "cpu")  # the server's --dtype float32
     assert Path(ann.path).stat().st_mode & 0o077 == 0  # private to this user
+    # written before the API server listened; the port is added once it does
+    deadline = time.monotonic() + 15
+    while ["127.0.0.1", server.port] not in json.loads(Path(ann.path).read_text())["listen"]:
+        assert time.monotonic() < deadline, json.loads(Path(ann.path).read_text())["listen"]
+        time.sleep(0.5)
 
 
 def test_explicit_profiler_dir_wins_and_info_is_still_filled(server: Server, tmp_path: Path) -> None:
