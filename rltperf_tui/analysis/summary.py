@@ -103,6 +103,7 @@ def summarize(
 def _from_metrics(out: dict[str, Any], mw: MetricsWindow) -> None:
     """The top-level figures of a recording without step records, from its metrics window."""
     out["figures_from"] = "metrics"
+    out["wall_s"] = out["baseline_s"] = round(mw.span_s, 6)  # the scrape intervals the rates are over
     out["tokens_per_s"] = mw.tokens_per_s
     out["steps_per_s"] = mw.steps_per_s
     out["achieved_gbps"] = mw.achieved_gbps

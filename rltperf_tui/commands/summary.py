@@ -68,9 +68,14 @@ def run(args: argparse.Namespace) -> int:
     lines = [
         f"{args.file}: {header.get('target', '?')} recorded {header.get('created_utc', '?')}",
         f"engine      {out['engine']}" + ("  [random weights]" if out["random_weights"] else ""),
-        f"steps       {out['steps']} over {out['wall_s']:.2f} s of recording ({_f(out['steps_per_s'], '{:.1f}')} steps/s"
-        + (f" over the {out['baseline_s']:.2f} s baseline" if out["excluded_s"] else "")
-        + f"), dropped {out['dropped']}",
+        (
+            f"steps       none recorded (the server's metrics: {_f(out['steps_per_s'], '{:.1f}')} engine steps/s "
+            f"over {out['wall_s']:.2f} s of scrapes), dropped {out['dropped']}"
+            if from_metrics
+            else f"steps       {out['steps']} over {out['wall_s']:.2f} s of recording ({_f(out['steps_per_s'], '{:.1f}')} steps/s"
+            + (f" over the {out['baseline_s']:.2f} s baseline" if out["excluded_s"] else "")
+            + f"), dropped {out['dropped']}"
+        ),
         f"step ms     {_p(out['step_ms'])}",
         f"gap ms      {_p(out['gap_ms'])}",
         f"idle        {_f(out['idle_fraction'], '{:.1%}')} of wall time (1 - device busy / wall; the verdict below is on the steps alone)",

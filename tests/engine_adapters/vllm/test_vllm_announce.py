@@ -239,6 +239,7 @@ def test_summary_json_has_the_same_keys_for_every_kind_of_target(server: Server,
             assert set(s[k]) == set(summaries["demo"][k]), (name, k)
     v = summaries["vllm"]
     assert v["figures_from"] == "metrics" and v["steps"] == 0
+    assert v["wall_s"] == pytest.approx(v["metrics"]["span_s"], abs=1e-5) and v["wall_s"] > 3.0
     assert v["metrics"] is not None and summaries["loop"]["metrics"] is None
     assert v["tokens_per_s"] is not None and v["tokens_per_s"] == v["metrics"]["tokens_per_s"]
     assert v["steps_per_s"] == v["metrics"]["steps_per_s"] and v["steps_per_s"] > 0
@@ -251,7 +252,7 @@ def test_summary_json_has_the_same_keys_for_every_kind_of_target(server: Server,
     for name in ("loop", "demo"):
         assert summaries[name]["figures_from"] == "steps" and summaries[name]["tokens_per_s"] > 0
     text = run_rltperf("summary", str(vrec)).stdout
-    assert "(from the server's metrics)" in text
+    assert "(from the server's metrics)" in text and "steps       none recorded" in text
 
 
 def test_the_announcement_goes_when_the_server_stops(server: Server) -> None:
