@@ -28,11 +28,15 @@ def load_recording(
 
 
 def summarize(
-    stats: TargetStats, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
+    stats: TargetStats,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+    window_s: float | None = None,
 ) -> dict[str, Any]:
     """The ``rltperf summary --json`` object: the whole stream, or what a bounded ring
-    still keeps (``TargetStats.kept_seconds``; ``statistics`` then says so)."""
-    kept = stats.kept_seconds()
+    still keeps (``TargetStats.kept_seconds``; ``statistics`` then says so); with
+    ``window_s``, the live window of its last seconds (``attach --jsonl``), same keys."""
+    kept = stats.kept_seconds() if window_s is None else window_s
     w = stats.window(kept, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
     out = w.as_summary()
     out["dropped"] = stats.dropped
@@ -71,9 +75,14 @@ def summarize(
         "percentiles of pooled samples over the whole recording; rates over its wall time "
         "(first to last timestamp), profiled/exporting/warm-up steps and their time left out"
     )
-    if kept is not None:
+    if window_s is not None:
+        out["statistics"] = (
+            f"percentiles of pooled samples over the last {window_s:g} s of data time; rates over that "
+            "wall time, profiled/exporting/warm-up steps and their time left out"
+        )
+    elif kept is not None:
         out["statistics"] += f"; only the last {len(stats.steps)} steps ({kept:.0f} s) were kept in memory"
-    mw = stats.metrics_window(None)  # vLLM over HTTP: its /metrics, not per-step records
+    mw = stats.metrics_window(window_s)  # vLLM over HTTP: its /metrics, not per-step records
     if mw is not None:
         from dataclasses import asdict
 
