@@ -56,7 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-tui", action="store_true", help="only the decode+aggregate rate")
     p.add_argument("--metrics-target", default=None, metavar="vllm+http://HOST:PORT",
                    help="also measure the monitor's CPU on this running vLLM server's /metrics")  # fmt: skip
-    p.add_argument("--metrics-hz", type=float, default=2.0, help="scrapes per second for --metrics-target (default 2)")
+    p.add_argument(
+        "--metrics-hz", type=float, default=2.0, help="scrapes per second for --metrics-target (default 2)"
+    )
     p.add_argument("--metrics-duration", type=float, default=20.0, metavar="S",
                    help="seconds the /metrics-only monitor is measured (default 20)")  # fmt: skip
 

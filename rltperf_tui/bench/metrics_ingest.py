@@ -66,7 +66,7 @@ def _split_one_scrape(target: str, repeats: int = 20) -> dict[str, Any]:
     prev = None
     for _ in range(repeats):
         c = time.thread_time()
-        status, body = client.request("GET", "/metrics")
+        _, body = client.request("GET", "/metrics")
         get_ms.append((time.thread_time() - c) * 1e3)
         text = body.decode("utf-8", "replace")
         c = time.thread_time()
@@ -78,7 +78,9 @@ def _split_one_scrape(target: str, repeats: int = 20) -> dict[str, Any]:
             derive_ms.append((time.thread_time() - c) * 1e3)
         prev = cur
     lines = body.count(b"\n")
-    vllm_lines = sum(1 for ln in body.splitlines() if ln.startswith((b"vllm:", b"# HELP vllm:", b"# TYPE vllm:")))
+    vllm_lines = sum(
+        1 for ln in body.splitlines() if ln.startswith((b"vllm:", b"# HELP vllm:", b"# TYPE vllm:"))
+    )
 
     def med(v: list[float]) -> float:
         return round(sorted(v)[len(v) // 2], 3) if v else 0.0

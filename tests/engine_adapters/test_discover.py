@@ -68,7 +68,7 @@ def test_ranges_parse_and_bad_ones_say_why() -> None:
     assert parse_range("localhost:9000") == PortRange("localhost", 9000, 9000)
     assert parse_range("[::1]:7000-7001") == PortRange("::1", 7000, 7001)
     assert str(parse_range("[::1]:7000-7001")) == "[::1]:7000-7001"
-    with pytest.raises(RangeError, match="first port is above the last .*8000-8010"):
+    with pytest.raises(RangeError, match=r"first port is above the last .*8000-8010"):
         parse_range("8010-8000")
     with pytest.raises(RangeError, match=f"at most {MAX_PORTS}"):
         parse_range("1000-3000")
@@ -77,7 +77,7 @@ def test_ranges_parse_and_bad_ones_say_why() -> None:
         parse_range("0-10")
     with pytest.raises(RangeError, match="outside 1-65535"):
         parse_range("65530-70000")
-    with pytest.raises(RangeError, match="cannot resolve host 'no-such-host.invalid'"):
+    with pytest.raises(RangeError, match=r"cannot resolve host 'no-such-host\.invalid'"):
         parse_range("no-such-host.invalid:80-81")
     for bad in ("", "8000-", "abc", "8000-80x0", "h:8000:8001"):
         with pytest.raises(RangeError, match="expected \\[HOST:\\]PORT-PORT"):
@@ -98,7 +98,9 @@ def test_closed_ports_cost_no_timeout() -> None:
 
 def test_finds_the_probe_and_not_the_plain_http_server(plain_http: int) -> None:
     base = free_block(100)
-    eng = start_engine([str(LOOP_ENGINE), "--listen", f"127.0.0.1:{base + 7}", "--duration", "60", "--no-warm"])
+    eng = start_engine(
+        [str(LOOP_ENGINE), "--listen", f"127.0.0.1:{base + 7}", "--duration", "60", "--no-warm"]
+    )
     silent = socket.socket()
     silent.bind(("127.0.0.1", base + 40))
     silent.listen(4)  # accepts (the kernel does) and never answers

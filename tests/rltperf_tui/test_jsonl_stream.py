@@ -128,7 +128,9 @@ def test_auto_finds_the_engine_and_streams_it(tmp_path: Path) -> None:
         lo, hi = max(1, port - 50), min(65535, port + 49)
         listed = run_rltperf("attach", "--auto", f"{lo}-{hi}", "--list")
         assert listed.returncode == 0, listed.stderr
-        assert listed.stdout.splitlines() == [f"{eng.target}  rltperf probe: test-loop, mlp-256, RANDOM WEIGHTS"]
+        assert listed.stdout.splitlines() == [
+            f"{eng.target}  rltperf probe: test-loop, mlp-256, RANDOM WEIGHTS"
+        ]
         p = run_rltperf("attach", "--auto", f"127.0.0.1:{lo}-{hi}", "--jsonl", "--duration", "2")
         assert p.returncode == 0, p.stderr
         assert f"{eng.target}" in p.stderr and "rltperf probe: test-loop" in p.stderr

@@ -60,7 +60,10 @@ def test_auto_finds_vllm_and_its_probe_not_a_plain_http_server(vllm_server: Serv
     targets = {f.port: f for r in res for f in r.targets}
     others = {f.port: f for r in res for f in r.others}
     assert targets[vllm_server.port].target == f"vllm+http://127.0.0.1:{vllm_server.port}"
-    assert targets[vllm_server.port].what.startswith("vLLM 0.") and "serving tiny" in targets[vllm_server.port].what
+    assert (
+        targets[vllm_server.port].what.startswith("vLLM 0.")
+        and "serving tiny" in targets[vllm_server.port].what
+    )
     assert targets[probe_port].kind == "probe" and targets[probe_port].target == f"tcp://{vllm_server.probe}"
     assert plain not in targets and "not vLLM" in others[plain].what
     # the command line: both listed, attachable as printed
