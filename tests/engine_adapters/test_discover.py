@@ -98,9 +98,10 @@ def test_closed_ports_cost_no_timeout() -> None:
 
 def test_finds_the_probe_and_not_the_plain_http_server(plain_http: int) -> None:
     base = free_block(100)
-    eng = start_engine(
-        [str(LOOP_ENGINE), "--listen", f"127.0.0.1:{base + 7}", "--duration", "60", "--no-warm"]
-    )
+    eng = start_engine([str(LOOP_ENGINE), "--listen", f"127.0.0.1:{base + 7}", "--duration", "60", "--no-warm",
+                        "--prometheus-port", str(base + 8)])  # fmt: skip
+    prom_line = eng.proc.stdout.readline() if eng.proc.stdout else ""
+    assert prom_line.startswith("PROMETHEUS "), prom_line  # it listens
     silent = socket.socket()
     silent.bind(("127.0.0.1", base + 40))
     silent.listen(4)  # accepts (the kernel does) and never answers
@@ -117,9 +118,10 @@ def test_finds_the_probe_and_not_the_plain_http_server(plain_http: int) -> None:
     ]
     assert "test-loop" in res.targets[0].what and "RANDOM WEIGHTS" in res.targets[0].what
     others = {f.port: f for f in res.others}
-    assert set(others) == {base + 40}
+    assert set(others) == {base + 8, base + 40}, res.found
+    assert others[base + 8].what.startswith("rltperf Prometheus exporter")
     assert "said nothing within 0.5 s" in others[base + 40].what
-    assert res.closed == 98
+    assert res.closed == 97
     # identification runs in parallel: the silent port's timeout is waited once, not per port
     assert took < 0.5 + IDENTIFY_TIMEOUT_S + CONNECT_TIMEOUT_S, took
     # a plain HTTP server is not a target, and says what it is
