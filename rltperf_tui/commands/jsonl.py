@@ -15,7 +15,8 @@ last --window seconds (default 10), plus target, timestamp (UTC, ISO 8601), stat
 after --duration seconds (exit 0), when the reader closes the pipe (`| head -3`:
 exit 0), on Ctrl-C or SIGTERM (a last object per target, reason "interrupted", exit
 0), or when every target has gone away (engine stopped, server lost: a last object
-each with the reason, exit 1; with --wait a lost target is retried instead)."""
+each with the reason, exit 1; with --wait a lost target is retried instead; a
+recording's end is exit 0)."""
 
 
 def add_jsonl_options(p: argparse.ArgumentParser) -> None:
@@ -68,6 +69,9 @@ def run_jsonl(found: list[tuple[str, str]], args: argparse.Namespace, prog: str)
         history_steps=args.history,
     )
     try:
-        return stream.run(args.duration)
+        rc = stream.run(args.duration)
     finally:
         stream.close()
+    if not any(s.adapter is not None and s.adapter.IS_LIVE for s in specs):
+        return 0  # recordings only: their end is the end, not a target gone away
+    return rc

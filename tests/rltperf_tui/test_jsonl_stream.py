@@ -119,6 +119,10 @@ def test_head_closes_the_pipe_sigint_and_record(tmp_path: Path) -> None:
         assert set(robjs[0]) == set(objs[0])
         s = json.loads(run_rltperf("summary", str(rec), "--json").stdout)
         assert s["steps"] >= 0.8 * 2 * RATE
+        # a recording streams at its own pace; its end is exit 0, the reason on the last line
+        rp = run_rltperf("attach", str(rec), "--jsonl")
+        assert rp.returncode == 0, rp.stderr
+        assert _objects(rp.stdout)[-1]["state"] == "ended"
     finally:
         eng.stop()
 
