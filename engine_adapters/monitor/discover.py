@@ -11,8 +11,8 @@ Two phases, both bounded:
      with ``vllm:`` families is a vLLM server (``vllm+http://``); its ``/v1/models``
      and ``/version`` say what it serves.  Any other HTTP answer is listed as "not a
      target" with what it was (an rltperf Prometheus exporter says so), and skipped.
-   - a port that closes the connection without an HTTP answer gets the probe's
-     handshake (``ClientHello`` with ``RLTPERF_TOKEN`` or the given token): a ``Hello``
+   - a port that closes the connection without an HTTP answer (or gives none in
+     time: a probe whose engine is busy starting) gets the probe's handshake (``ClientHello`` with ``RLTPERF_TOKEN`` or the given token): a ``Hello``
      is an rltperf probe (``tcp://``), a ``Refused`` a probe that wants a token.
 
 An rltperf probe receiving the HTTP request closes that one connection (it logs the
@@ -298,12 +298,15 @@ def probe_hello(host: str, port: int, token: str | None, timeout: float) -> Hell
 
 def identify(host: str, port: int, token: str | None = None, timeout: float = IDENTIFY_TIMEOUT_S) -> Found:
     """What answers on an open ``host:port`` (see the module docstring)."""
+    silent = False
     try:
         status, body = _get(host, port, "/metrics", timeout)
     except _NotHttp:
         pass  # not HTTP: perhaps a probe
     except TimeoutError:
-        return Found(host, port, "other", f"open, said nothing within {timeout:g} s")
+        # a probe busy starting its engine (a quick calibration, imports) may take longer
+        # than ``timeout`` to close on the HTTP bytes; its hello is worth one more try
+        silent = True
     except OSError as exc:
         return Found(host, port, "other", f"open, then {exc.strerror or type(exc).__name__}")
     else:
@@ -322,6 +325,8 @@ def identify(host: str, port: int, token: str | None = None, timeout: float = ID
         return Found(host, port, "probe", "rltperf probe: " + ", ".join(parts), url)
     if isinstance(rec, Refused):
         return Found(host, port, "probe-refused", f"rltperf probe that refused: {rec.reason}")
+    if silent:
+        return Found(host, port, "other", f"open, said nothing within {timeout:g} s")
     return Found(host, port, "other", "open, neither HTTP nor an rltperf probe")
 
 

@@ -26,7 +26,10 @@ away (what was recorded is kept; the last object says why)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", help="tcp://HOST:PORT, vllm+http://HOST:PORT")
+    p.add_argument("target", nargs="?", help="tcp://HOST:PORT, vllm+http://HOST:PORT")
+    p.add_argument("--auto", default=None, metavar="[HOST:]PORT-PORT",
+                   help="instead of TARGET: the one vLLM server or rltperf probe on these ports "
+                        "(several found: they are listed, exit 2)")  # fmt: skip
     p.add_argument(
         "--duration", type=float, default=None, metavar="S", help="seconds to record (default: until Ctrl-C)"
     )
@@ -49,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
     if args.output is None and args.jsonl is None:
         print("rltperf record: error: give -o FILE (a recording) and/or --jsonl FILE|-", file=sys.stderr)
         return 2
+    bad = _resolve_target(args)
+    if bad is not None:
+        return bad
     if args.jsonl is not None:
         return _run_jsonl(args)
     _, session = open_session(args.target, **target_options(args, reconnect=False))
@@ -98,6 +104,26 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _resolve_target(args: argparse.Namespace) -> int | None:
+    """``args.target`` from TARGET or ``--auto`` (exactly one found); the exit status on failure."""
+    if (args.target is None) == (args.auto is None):
+        print("rltperf record: error: give one TARGET or --auto [HOST:]PORT-PORT", file=sys.stderr)
+        return 2
+    if args.auto is None:
+        return None
+    from rltperf_tui.auto_targets import discover
+
+    found = discover([args.auto], args.token, "record")
+    if isinstance(found, int):
+        return found
+    if len(found) > 1:
+        print(f"rltperf record: error: --auto found {len(found)} targets; record one: name it as TARGET "
+              "(or record each in its own command)", file=sys.stderr)  # fmt: skip
+        return 2
+    args.target = found[0].target
+    return None
 
 
 def _run_jsonl(args: argparse.Namespace) -> int:

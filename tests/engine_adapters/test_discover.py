@@ -5,6 +5,8 @@ nothing, closed ports.  The vLLM server half is in tests/engine_adapters/vllm/te
 from __future__ import annotations
 
 import http.server
+import os
+import signal
 import socket
 import threading
 import time
@@ -122,8 +124,8 @@ def test_finds_the_probe_and_not_the_plain_http_server(plain_http: int) -> None:
     assert others[base + 8].what.startswith("rltperf Prometheus exporter")
     assert "said nothing within 0.5 s" in others[base + 40].what
     assert res.closed == 97
-    # identification runs in parallel: the silent port's timeout is waited once, not per port
-    assert took < 0.5 + IDENTIFY_TIMEOUT_S + CONNECT_TIMEOUT_S, took
+    # identification runs in parallel: the silent port's timeouts are waited once, not per port
+    assert took < 2 * 0.5 + IDENTIFY_TIMEOUT_S, took  # two tries (HTTP, hello) of 0.5 s, plus slack
     # a plain HTTP server is not a target, and says what it is
     assert extra.targets == []
     assert extra.others[0].kind == "other" and "HTTP server, not vLLM (HTTP 404" in extra.others[0].what
@@ -142,3 +144,18 @@ def test_a_probe_that_wants_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
     assert refused.kind == "probe-refused" and refused.target is None
     assert "token" in refused.what
     assert [f.target for f in res.targets] == [f"tcp://{eng.address}"]
+
+
+def test_a_probe_busy_past_the_timeout_is_still_found() -> None:
+    """An engine that holds its probe's threads longer than the timeout (start-up, a
+    stall: here SIGSTOP for 1.3 s) leaves the HTTP try unanswered; the hello is tried next."""
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--no-warm"])
+    host, port = eng.address.rsplit(":", 1)
+    try:
+        os.kill(eng.proc.pid, signal.SIGSTOP)
+        threading.Timer(1.3, os.kill, (eng.proc.pid, signal.SIGCONT)).start()
+        found = identify(host, int(port), timeout=1.0)
+    finally:
+        os.kill(eng.proc.pid, signal.SIGCONT)
+        eng.stop()
+    assert found.kind == "probe" and found.target == f"tcp://{eng.address}", found

@@ -143,6 +143,11 @@ def test_auto_finds_the_engine_and_streams_it(tmp_path: Path) -> None:
         assert f"{eng.target}" in p.stderr and "rltperf probe: test-loop" in p.stderr
         objs = _objects(p.stdout)
         assert len(objs) >= 3 and eng.target in {o["target"] for o in objs}
+        # record --auto: the one target of a narrow range
+        rec = tmp_path / "auto.rltrec"
+        r = run_rltperf("record", "--auto", f"{port}-{port}", "-o", str(rec), "--duration", "1.5", "-q")
+        assert r.returncode == 0 and rec.stat().st_size > 0, r.stderr
+        assert eng.target in r.stderr
         # the screen: the target's header says how it was found
         rc, drawn = run_tui(["rltperf", "attach", "--auto", f"{lo}-{hi}"], tmp_path, settle_s=2.0)
         assert rc == 0
