@@ -94,7 +94,7 @@ def test_jsonl_stream_of_a_loaded_vllm_server(vllm_server: Server, tmp_path: Pat
     reader.start()
 
     def total(o: dict) -> float | None:
-        m = o["metrics"]
+        m = o.get("metrics")  # (null, not absent, before the first sample: SUMMARY_KEYS)
         return m["tokens_per_s"] * m["span_s"] if m and m["tokens_per_s"] is not None else None
 
     # The load starts once the stream has a first sample (two scrapes), and the stream is
@@ -102,7 +102,7 @@ def test_jsonl_stream_of_a_loaded_vllm_server(vllm_server: Server, tmp_path: Pat
     # machine the monitor's start-up and its scrapes can each lag by seconds, and tokens
     # outside every sample are in no window.
     deadline = time.monotonic() + 60
-    while not any(o["metrics"] for o in list(objs)) and time.monotonic() < deadline:
+    while not any(o.get("metrics") for o in list(objs)) and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(1.0)
     load = Load(vllm_server.url, conc=4, max_tokens=32)
