@@ -32,13 +32,6 @@ from typing import Any
 import numpy as np
 
 from engine_adapters.definitions import figures as F
-from engine_adapters.definitions.histograms import (
-    PERCENTILE_METHOD,
-    bounded_percentiles,
-    capped_percentiles,
-    percentiles,
-    pool,
-)
 from engine_adapters.definitions.records import (
     FLAG_EXPORTING,
     FLAG_PROFILED,
@@ -62,6 +55,8 @@ from engine_adapters.definitions.records import (
     Stats,
     StepRecord,
 )
+from engine_adapters.definitions.server_history import ServerLifetime, ServerTrends, server_trends
+from engine_adapters.definitions.server_window import MetricsWindow, metrics_window
 from rltperf_tui import roofline
 
 MAX_STAGES = 24
@@ -435,47 +430,6 @@ class Window:
 
 
 @dataclass
-class MetricsWindow:
-    """Engine-wide figures from ``MetricsSample`` records (a metrics endpoint such as vLLM's
-    ``/metrics``) over a window.  Rates are gains over the summed scrape intervals; latency
-    percentiles are histogram estimates (``percentile_method`` says so on screen)."""
-
-    seconds: float
-    span_s: float
-    samples: int
-    source: str
-    tokens_per_s: float | None
-    prompt_tokens_per_s: float | None
-    requests_per_s: float | None
-    steps_per_s: float | None
-    tokens_per_step: float | None
-    finished: dict[str, float]
-    preemptions: float
-    prefix_hit_rate: float | None
-    running: float | None
-    waiting: float | None
-    kv_usage: float | None
-    latency_ms: dict[str, dict[str, float | None]]
-    latency_mean_ms: dict[str, float | None]
-    latency_samples: dict[str, int]
-    latency_capped: dict[str, list[str]]
-    achieved_gbps: float | None
-    achieved_gflops: float | None
-    mbu: float | None
-    mbu_overcount: bool
-    mbu_note: str | None
-    notes: list[str]
-    percentile_method: str = PERCENTILE_METHOD
-    latency_bounded: dict[str, list[str]] = field(default_factory=dict)
-    """Percentiles lowered to the bound the exact mean allows (a wide first bucket made
-    the interpolation overshoot): upper limits, shown as such."""
-
-
-METRIC_LATENCIES = ("ttft", "itl", "tpot", "e2e", "queue", "prefill", "decode")
-"""Latency histograms a ``MetricsSample`` may carry (see ``MetricsWindow.latency_ms``)."""
-
-
-@dataclass
 class IdleGap:
     """A gap between steps longer than the threshold."""
 
@@ -531,6 +485,8 @@ class TargetStats:
         self.gpu_util: deque[tuple[int, float]] = deque(maxlen=600)
         self.dram_util: deque[tuple[int, float]] = deque(maxlen=600)
         self.metrics: deque[MetricsSample] = deque(maxlen=3600)
+        self.lifetime = ServerLifetime()
+        """Counters, latencies and peaks of the metrics scrapes since attach."""
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -590,6 +546,7 @@ class TargetStats:
                 self.dram_util.append((r.ts_ns, r.dram_bw_util))
         elif isinstance(r, MetricsSample):
             self.metrics.append(r)
+            self.lifetime.add(r)
             self.now_ns = max(self.now_ns, r.ts_ns)
         elif isinstance(r, Hello):
             self.hello = r
@@ -1116,83 +1073,11 @@ class TargetStats:
 
     def metrics_window(self, seconds: float | None = 10.0) -> MetricsWindow | None:
         """Figures from the ``MetricsSample`` records of the last ``seconds`` of data time
-        (None: all kept); None when the target sends no such records."""
-        if not self.metrics:
-            return None
-        last = self.metrics[-1]
-        lo = None if seconds is None else last.ts_ns - int(seconds * 1e9)
-        win = [m for m in self.metrics if lo is None or m.ts_ns > lo]
-        span = sum(m.interval_s for m in win)
+        (None: all kept); None when the target sends no such records
+        (``engine_adapters.definitions.server_window``)."""
+        return metrics_window(self.metrics, seconds, self.ceiling)
 
-        def rate(v: float) -> float | None:
-            return v / span if span > 0 else None
-
-        gen = sum(m.generation_tokens for m in win)
-        steps = sum(m.steps for m in win)
-        finished: dict[str, float] = {}
-        for m in win:
-            for k, v in m.requests_finished.items():
-                finished[k] = finished.get(k, 0.0) + v
-        queries = sum(m.prefix_queries for m in win)
-        lat: dict[str, dict[str, float | None]] = {}
-        lat_mean: dict[str, float | None] = {}
-        lat_n: dict[str, int] = {}
-        capped: dict[str, list[str]] = {}
-        bounded: dict[str, list[str]] = {}
-        for name in METRIC_LATENCIES:
-            pooled = pool(m.hist[name] for m in win if name in m.hist)
-            lat[name] = percentiles(pooled, scale=1e3)
-            mean = pooled.mean if pooled is not None else None
-            lat_mean[name] = mean * 1e3 if mean is not None else None
-            lat_n[name] = int(pooled.count) if pooled is not None else 0
-            cap = capped_percentiles(pooled)
-            if cap:
-                capped[name] = cap
-            low = bounded_percentiles(pooled)
-            if low:
-                bounded[name] = low
-        est = [m for m in win if m.read_bytes is not None]
-        gbps = gflops = mbu = None
-        if est and span > 0:
-            est_span = sum(m.interval_s for m in est)
-            nbytes = sum((m.read_bytes or 0.0) + (m.write_bytes or 0.0) for m in est)
-            gbps = nbytes / est_span / 1e9 if est_span > 0 else None
-            fl = [m.flops for m in est if m.flops is not None]
-            gflops = sum(fl) / est_span / 1e9 if fl and est_span > 0 else None
-            ceiling = self.ceiling
-            if gbps is not None and ceiling is not None and ceiling.peak_bw_gbps:
-                mbu = gbps / ceiling.peak_bw_gbps
-        notes: list[str] = []
-        for m in win:
-            for n in m.notes:
-                if n not in notes:
-                    notes.append(n)
-        mbu_note = next((n for n in notes if "estimator" in n), None)
-        return MetricsWindow(
-            seconds=float(seconds) if seconds is not None else span,
-            span_s=span,
-            samples=len(win),
-            source=last.source,
-            tokens_per_s=rate(gen),
-            prompt_tokens_per_s=rate(sum(m.prompt_tokens for m in win)),
-            requests_per_s=rate(sum(finished.values())),
-            steps_per_s=rate(steps),
-            tokens_per_step=sum(m.step_tokens for m in win) / steps if steps > 0 else None,
-            finished=finished,
-            preemptions=sum(m.preemptions for m in win),
-            prefix_hit_rate=sum(m.prefix_hits for m in win) / queries if queries > 0 else None,
-            running=last.running,
-            waiting=last.waiting,
-            kv_usage=last.kv_usage,
-            latency_ms=lat,
-            latency_mean_ms=lat_mean,
-            latency_samples=lat_n,
-            latency_capped=capped,
-            achieved_gbps=gbps,
-            achieved_gflops=gflops,
-            mbu=mbu,
-            mbu_overcount=mbu is not None and mbu > 1.0,
-            mbu_note=mbu_note,
-            notes=notes,
-            latency_bounded=bounded,
-        )
+    def server_trends(self, seconds: float, columns: int) -> ServerTrends | None:
+        """Trend lines of the metrics scrapes over the last ``seconds`` in at most ``columns``
+        columns (``engine_adapters.definitions.server_history``); None without scrapes."""
+        return server_trends(self.metrics, seconds, columns)

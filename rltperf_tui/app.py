@@ -24,12 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -38,171 +34,41 @@ from typing import Any, ClassVar
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
-from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import Footer
-from textual.worker import Worker, WorkerState, get_current_worker
+from textual.worker import Worker, WorkerState
 
+from engine_adapters.definitions.cost import Prices
 from engine_adapters.definitions.records import (
     MAX_CAPTURE_STEPS,
     Ceiling,
     Record,
-    SessionEvent,
     StageTable,
     StepRecord,
 )
-from engine_adapters.monitor.base import Adapter, AdapterError, Reconnecting, ReplayControl, Session
+from engine_adapters.monitor.base import AdapterError, ReplayControl
 from engine_adapters.monitor.recording import RecordingError, RecordingWriter
-from engine_adapters.monitor.registry import adapter_for
 from rltperf_tui import tune_gc_for_ingest
 from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.targets import (
+    HUNG_AFTER_S,
+    CaptureRequested,
+    RecordsBatch,
+    TargetHandle,
+    TargetProblem,
+    TargetSpec,
+    ingest,
+    slug,
+)
 from rltperf_tui.triggers import STEP_FIGURES, Fire, TriggerSet
 from rltperf_tui.widgets.panel import PanelContext
+from rltperf_tui.widgets.replicas import ReplicaPanel, ReplicaView
 from rltperf_tui.widgets.status_bar import StatusBar, StatusInfo
 from rltperf_tui.widgets.target_column import TargetColumn
 
-BATCH_S = 0.25
-"""The ingest worker posts one message per this many seconds (when records came).
-
-A quarter second keeps every render tick (2 Hz) fed with fresh data while the handler
-runs 4 times a second, not 10: at 1 000 steps/s a message handled cost about a
-millisecond of the main thread whatever its size (bench ingest: 0.053 -> see commit)."""
-MAX_INFLIGHT = 8
-"""Batches that may wait in the app's message queue per target before the worker waits."""
-READ_S = 0.05
-"""Longest single blocking read of a session (the worker checks for cancellation between)."""
-FLUSH_S = 1.0
-"""Recordings are flushed to the OS about this often."""
-HUNG_AFTER_S = 3.5
-"""A probe target that sends nothing (not even its ~1 s heartbeat) this long is shown
-as hung, its figures as stale."""
-
-
-@dataclass
-class TargetSpec:
-    """A target for the monitor, optionally already connected (by the command line)."""
-
-    target: str
-    """The target as the user gave it."""
-    session: Session | None = None
-    """An open session; None: the ingest worker connects (and retries if it can)."""
-    adapter: Adapter | None = None
-    """The adapter; None: built from ``target`` with ``adapter_for``."""
-    note: str = ""
-    """A line shown in the target's header (e.g. the demo engine's pid and log file)."""
-    waiting_text: str = ""
-    """Shown until the target first answers, instead of the connection error."""
-
-
-class TargetHandle:
-    """Everything the app keeps for one target (the worker thread touches only
-    ``session``, ``recorder`` under ``rec_lock``, and ``inflight``)."""
-
-    def __init__(self, index: int, spec: TargetSpec, stats: TargetStats) -> None:
-        self.index = index
-        self.target = spec.target
-        self.spec = spec
-        self.adapter: Adapter | None = spec.adapter
-        self.session: Session | None = spec.session
-        self.stats = stats
-        self.note = spec.note
-        self.inflight = threading.Semaphore(MAX_INFLIGHT)
-        self.posted = 0
-        """Batches the worker posted (written by the worker thread only)."""
-        self.handled = 0
-        """Batches the app handled (written by the UI thread only)."""
-        self.rec_lock = threading.Lock()
-        self.recorder: RecordingWriter | None = None
-        self.recording_path: str | None = None
-        self.last_flush = 0.0
-        self.exporting_seen: dict[str, float] = {}
-        self.capture_seen: dict[str, str] = {}
-        self.last_state = stats.state
-        self.dirty = True
-        self.last_heard = time.monotonic()
-        """Monitor time the newest batch of this target's records arrived."""
-        self.triggers: TriggerSet | None = None
-        """Trigger rules of this target (``--trigger``), with their state."""
-        self.fire_marks: deque[int] = deque(maxlen=64)
-        """Probe times at which a trigger asked for a capture (the timeline marks them)."""
-
-    @property
-    def live(self) -> bool:
-        """False for a recording being replayed."""
-        if self.adapter is not None:
-            return bool(self.adapter.IS_LIVE)
-        return not isinstance(self.session, ReplayControl)
-
-    @property
-    def supports_capture(self) -> bool:
-        """Whether the adapter can run captures."""
-        return self.adapter is not None and bool(self.adapter.SUPPORTS_CAPTURE)
-
-    def replay_text(self) -> str | None:
-        """``replay 00:12.3 / 01:05.0 · 2× ▶`` (position / length in the recording's own
-        time, speed, playing/paused/ended) for a replay, None for a live target."""
-        s = self.session
-        if not isinstance(s, ReplayControl):
-            return None
-        speed = float(s.speed)
-        sp = "as fast as read" if speed == 0 else f"{speed:g}×"
-        length = s.length_ns
-        total = _clock(length) if length is not None else "…"
-        where = f"{_clock(s.elapsed_ns())} / {total} · "
-        if s.ended:
-            return f"replay {where}{sp}, ended"
-        return f"replay {where}{sp} " + ("❚❚ paused" if s.paused else "▶")
-
-
-def _clock(ns: int) -> str:
-    """``01:05.0`` (``1:02:03.4`` from an hour on): a position in a recording."""
-    tenths = max(0, int(ns // 100_000_000))
-    s, t = divmod(tenths, 10)
-    h, rest = divmod(s, 3600)
-    m, sec = divmod(rest, 60)
-    return f"{h}:{m:02d}:{sec:02d}.{t}" if h else f"{m:02d}:{sec:02d}.{t}"
-
-
-class RecordsBatch(Message):
-    """Records read from one target in one ~250 ms batch."""
-
-    def __init__(self, index: int, records: list[Record], slot: bool = False) -> None:
-        super().__init__()
-        self.index = index
-        self.records = records
-        self.slot = slot
-        """The sender took one of the target's ``inflight`` slots (released on handling)."""
-
-
-class CaptureRequested(Message):
-    """A capture request reached a target's engine."""
-
-    def __init__(
-        self, index: int, capture_id: str, mode: str, steps: int, trigger: str | None = None
-    ) -> None:
-        super().__init__()
-        self.index = index
-        self.capture_id = capture_id
-        self.mode = mode
-        self.steps = steps
-        self.trigger = trigger
-
-
-class TargetProblem(Message):
-    """Something about one target a person should read (not a crash)."""
-
-    def __init__(self, index: int, text: str, severity: SeverityLevel = "error") -> None:
-        super().__init__()
-        self.index = index
-        self.text = text
-        self.severity = severity
-
-
-def _slug(target: str) -> str:
-    s = re.sub(r"^[a-z+]+://", "", target)
-    s = re.sub(r"[^A-Za-z0-9]+", "-", os.path.basename(s.rstrip("/")) or s).strip("-")
-    return s[:40] or "target"
+__all__ = ["HUNG_AFTER_S", "MonitorApp", "TargetSpec"]
+"""Names other modules import from here (the targets' types live in ``targets.py``)."""
 
 
 class MonitorApp(App[int]):
@@ -219,6 +85,7 @@ class MonitorApp(App[int]):
         Binding("space", "toggle_pause", "pause"),
         Binding("r", "toggle_record", "record"),
         Binding("t", "toggle_triggers", "triggers", tooltip="arm / disarm the --trigger rules"),
+        Binding("v", "toggle_replicas", "replicas", tooltip="show / hide the table of vLLM replicas"),
         Binding("question_mark", "help", "help", key_display="?"),
         Binding("q", "quit", "quit"),
         # no text to copy here: Ctrl-C quits, as a person over SSH expects
@@ -250,6 +117,7 @@ class MonitorApp(App[int]):
         trigger_cooldown_s: float = 30.0,
         trigger_max: int = 5,
         trigger_mode: str = "ops",
+        prices: Prices | None = None,
     ) -> None:
         super().__init__()
         tune_gc_for_ingest()
@@ -286,9 +154,15 @@ class MonitorApp(App[int]):
                 handle.triggers.can_capture = handle.live
             self.handles.append(handle)
         self.trigger_all = trigger_all
+        self.prices = prices
+        """Prices for the cost figures of metrics targets (``--cost-in`` ...), if given."""
         self.trigger_mode = trigger_mode
         self._columns: list[TargetColumn] = []
         self._status_bar: StatusBar | None = None
+        self._replicas: ReplicaPanel | None = None
+        self.show_replicas = True
+        self._several_replicas = False
+        """Whether the replica table shows when two or more targets are metrics endpoints (``v``)."""
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._last_child_check = 0.0
         self.ticks = 0
@@ -298,6 +172,7 @@ class MonitorApp(App[int]):
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
+        yield ReplicaPanel(id="replicas", classes="panel")
         with Horizontal(id="targets"):
             for h in self.handles:
                 col = TargetColumn(h.index, id=f"target-{h.index}")
@@ -309,9 +184,11 @@ class MonitorApp(App[int]):
         self._event_loop = asyncio.get_running_loop()
         self._columns = list(self.query(TargetColumn))
         self._status_bar = self.query_one(StatusBar)
+        self._replicas = self.query_one(ReplicaPanel)
+        self._replicas.display = False
         for h in self.handles:
             self.run_worker(
-                partial(self._ingest, h),
+                partial(ingest, h, self.adapter_options, self.wait, self.post_message),
                 name=f"ingest {h.target}",
                 group=f"ingest-{h.index}",
                 thread=True,
@@ -322,72 +199,6 @@ class MonitorApp(App[int]):
         self.render_tick()
 
     # -- ingest (worker thread) ---------------------------------------------------------------
-
-    def _connect(self, h: TargetHandle) -> Session | None:
-        """Open the target's session in the worker; on failure post why and maybe retry.
-
-        A target that retries gets a session that connects in its own thread: a
-        connection attempt against a hung server may take seconds, and a quitting app
-        must not wait for it (Textual waits for every thread worker on exit)."""
-        try:
-            if h.adapter is None:
-                h.adapter = adapter_for(h.target, **self.adapter_options)
-            if self.wait and isinstance(h.adapter, Reconnecting):
-                return h.adapter.session()
-            return h.adapter.connect()
-        except AdapterError as exc:
-            self.post_message(RecordsBatch(h.index, [SessionEvent(state="error", detail=str(exc))]))
-            return None
-
-    def _ingest(self, h: TargetHandle) -> None:
-        """Read one target's session and post one message per ~250 ms batch."""
-        worker = get_current_worker()
-        session = h.session
-        if session is None:
-            session = self._connect(h)
-            if session is None:
-                return
-            h.session = session
-        pending: list[Record] = []
-        next_flush = time.monotonic() + BATCH_S
-        while not worker.is_cancelled:
-            now = time.monotonic()
-            # never a zero timeout: a reconnecting session would spin
-            recs = session.read(max(0.01, min(READ_S, next_flush - now)))
-            if recs:
-                pending.extend(recs)
-            now = time.monotonic()
-            ended = session.ended
-            if pending and (now >= next_flush or ended):
-                if not self._deliver(h, pending, worker):
-                    return
-                pending = []
-            if now >= next_flush:
-                next_flush += BATCH_S
-                if next_flush < now:
-                    next_flush = now + BATCH_S
-            if ended:
-                return
-
-    def _deliver(self, h: TargetHandle, recs: list[Record], worker: Worker[Any]) -> bool:
-        with h.rec_lock:
-            if h.recorder is not None:
-                try:
-                    h.recorder.write(recs)
-                    now = time.monotonic()
-                    if now - h.last_flush >= FLUSH_S:
-                        h.recorder.flush()
-                        h.last_flush = now
-                except RecordingError as exc:
-                    h.recorder.close()
-                    h.recorder = None
-                    self.post_message(TargetProblem(h.index, f"recording stopped: {exc}"))
-        while not h.inflight.acquire(timeout=0.1):
-            if worker.is_cancelled:
-                return False
-        h.posted += 1
-        self.post_message(RecordsBatch(h.index, recs, slot=True))
-        return True
 
     # -- messages (UI thread) -----------------------------------------------------------------
 
@@ -460,6 +271,27 @@ class MonitorApp(App[int]):
                     continue
                 h.dirty = False
                 col.show(self._panel_context(h, now))
+            self._show_replicas()
+
+    def _metrics_targets(self) -> list[TargetHandle]:
+        """Targets that are metrics endpoints (scrapes, no step records)."""
+        return [h for h in self.handles if h.stats.metrics and len(h.stats.steps) == 0]
+
+    def _show_replicas(self) -> None:
+        """The replica table: shown with two or more metrics targets, unless ``v`` hid it."""
+        panel = self._replicas
+        if panel is None:
+            return
+        reps = self._metrics_targets()
+        if (len(reps) >= 2) != self._several_replicas:
+            self._several_replicas = len(reps) >= 2
+            self.refresh_bindings()  # the v key shows in the footer only then
+        shown = self.show_replicas and len(reps) >= 2
+        if panel.display != shown:
+            panel.display = shown
+        if shown:
+            view = ReplicaView([h.target for h in reps], [h.stats.metrics for h in reps], self.window_s)
+            panel.show_replicas(view)
 
     def _silent_s(self, h: TargetHandle, now: float) -> float | None:
         """Seconds since a connected live target that sends heartbeats (a probe: about
@@ -499,6 +331,7 @@ class MonitorApp(App[int]):
             silent_s=self._silent_s(h, now),
             triggers=trig.status() if trig is not None else None,
             fire_marks=list(h.fire_marks),
+            prices=self.prices,
         )
 
     def _status(self) -> StatusInfo:
@@ -571,6 +404,8 @@ class MonitorApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("replay_pause", "replay_speed"):
             return any(not h.live for h in self.handles)
+        if action == "toggle_replicas":
+            return self._several_replicas
         if action == "toggle_record":
             return any(h.live for h in self.handles)
         return True
@@ -660,6 +495,11 @@ class MonitorApp(App[int]):
         for h in self.handles:
             h.dirty = True
 
+    def action_toggle_replicas(self) -> None:
+        """Show or hide the replica table (two or more metrics targets)."""
+        self.show_replicas = not self.show_replicas
+        self.force_render()
+
     def action_halve_steps(self) -> None:
         """Halve the capture length N."""
         self.capture_steps = max(1, self.capture_steps // 2)
@@ -711,7 +551,7 @@ class MonitorApp(App[int]):
 
     def _recording_path(self, h: TargetHandle) -> str:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        base = os.path.join(self.record_dir, f"rltperf-{_slug(h.target)}-{stamp}")
+        base = os.path.join(self.record_dir, f"rltperf-{slug(h.target)}-{stamp}")
         path, k = base + ".rltrec", 2
         while os.path.exists(path):
             path, k = f"{base}-{k}.rltrec", k + 1

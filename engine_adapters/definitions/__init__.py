@@ -4,6 +4,8 @@
 - ``wire.py``: framing (4-byte length + msgpack) for sockets and recordings.
 - ``figures.py``: the window's definition (idle, MBU, tokens/s, excluded time).
 - ``histograms.py``: percentiles of Prometheus histograms (bounded by their buckets).
+- ``server_window.py`` / ``server_history.py`` / ``cost.py``: a metrics endpoint's (vLLM's
+  ``/metrics``) window and replicas' totals, trends and totals since attach, and cost.
 - ``ceilings.py`` / ``calibrate.py``: peak bandwidth and FLOP/s, and how they are measured.
 - ``contract.py``: host identity and the reproducible test contract.
 

@@ -131,9 +131,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", action="store_true",
                    help="do not exit when a target cannot be reached: show it as waiting and keep retrying")  # fmt: skip
     add_monitor_options(p)
+    c = p.add_argument_group("cost (vllm+http:// targets; the formulas are on the ? screen)")
+    c.add_argument("--cost-in", type=float, default=None, metavar="$",
+                   help="list price of 1M prompt (input) tokens, with --cost-out")  # fmt: skip
+    c.add_argument("--cost-out", type=float, default=None, metavar="$",
+                   help="list price of 1M generated (output) tokens, with --cost-in")  # fmt: skip
+    c.add_argument("--gpu-cost-hour", type=float, default=None, metavar="$",
+                   help="$ per hour of the GPUs behind one target: gives $ per 1M generated tokens")  # fmt: skip
     add_target_options(p)
     add_auto_options(p)
     add_jsonl_options(p)
+
+
+def prices(args: argparse.Namespace) -> tuple[Any, str | None]:
+    """The cost flags as ``Prices`` (None when none given), or a sentence about a bad one."""
+    from engine_adapters.definitions.cost import Prices
+
+    cin, cout, gpu = args.cost_in, args.cost_out, args.gpu_cost_hour
+    for flag, v in (("--cost-in", cin), ("--cost-out", cout), ("--gpu-cost-hour", gpu)):
+        if v is not None and v < 0:
+            return None, f"{flag} must not be negative"
+    if (cin is None) != (cout is None):
+        return None, "--cost-in and --cost-out go together (the list price of input and of output tokens)"
+    p = Prices(cost_in=cin, cost_out=cout, gpu_cost_hour=gpu)
+    return (p if p.any else None), None
 
 
 def open_targets(targets: list[str], options: dict[str, Any], wait: bool, prog: str) -> list[Any] | None:
@@ -202,6 +223,10 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         print(f"rltperf attach: error: {bad}", file=sys.stderr)
         return 2
+    cost, bad = prices(args)
+    if bad:
+        print(f"rltperf attach: error: {bad}", file=sys.stderr)
+        return 2
     from rltperf_tui.auto_targets import resolve_targets
     from rltperf_tui.commands.jsonl import check_jsonl_options, run_jsonl
 
@@ -220,4 +245,4 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for spec, (_, note) in zip(specs, found, strict=True):
         spec.note = spec.note or note
-    return run_monitor(specs, args, adapter_options=opts, wait=True)
+    return run_monitor(specs, args, adapter_options=opts, wait=True, prices=cost)

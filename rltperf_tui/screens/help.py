@@ -10,7 +10,11 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
-HELP_TEXT = """\
+from engine_adapters.definitions.cost import COST_FORMULAS
+from engine_adapters.definitions.server_history import PEAK_SPAN_S
+from engine_adapters.definitions.server_window import IMBALANCE_RATIO
+
+HELP_TEXT = f"""\
 # rltperf — what you are looking at
 
 Every figure comes from the engine's own probe (or a recording of it).  **"Last 10 s"**
@@ -27,6 +31,7 @@ A figure the engine does not report shows as **n/a**, never as zero.
 | `space` | pause the display; data still arrives and is counted |
 | `r` | start / stop recording each live stream to `rltperf-<target>-<time>.rltrec` |
 | `p`, `+`, `-` | replays: play/pause, faster, slower |
+| `v` | two or more `vllm+http://` targets: hide / show the replica table |
 | `ctrl+p` | command palette (every action above) |
 | `?` | this screen · `q` or `ctrl+c` quit |
 | `↑` `↓` `PgUp` `PgDn`, `tab` | scroll a target's column (narrow terminals stack the panels), move between targets |
@@ -110,6 +115,44 @@ step loop, elapsed shown) → **saved** or **failed**), steps captured, trace si
 events, export time and the bundle folder (trace.json.gz for Perfetto, meta.json,
 ops.txt, steps.jsonl), or the error text.  A capture runs inside every attached engine
 (PD: prefill and decode each capture their own N steps).
+
+## Server metrics (`vllm+http://` targets)
+
+A vLLM server seen through its `/metrics` (scraped about once a second): rates are
+counter gains over the scrape intervals of the window; running, waiting and KV are the
+newest scrape's.  Latency percentiles are **histogram estimates**: the rank is found in
+the server's bucket and interpolated inside it; when the interpolation would exceed what
+the exact mean allows (P(X ≥ mean / (1 − q)) ≤ 1 − q), it is lowered to that bound and
+shown as **≤ value**, an upper limit (vLLM's first queue-time bucket is 0–300 ms: queue
+times of 0.012 ms would otherwise read 285 ms).  A **"≥"** or "beyond the last bucket"
+is a lower limit.
+
+**Trends** (the lower half) draw every figure over the timeline (`--timeline` seconds):
+a column per scrape while they fit, else the same number of consecutive scrapes per
+column; per column a gauge is its highest reading, a rate the column's pooled gains
+over its intervals, a P95 the bounded histogram estimate of the column's pooled
+histogram (blank: no request finished there, never zero).  min / max / now are those
+of the columns drawn.
+
+**Since attach**: counters summed over every scrape since the monitor attached
+(requests finished by reason, prompt and generated tokens, preemptions, prefix-cache
+hits), TTFT / TPOT / queue P95 and exact means over the histograms pooled since attach,
+and **peaks**: the highest running, waiting and KV reading, and the highest tokens/s
+over any {PEAK_SPAN_S:g} s of consecutive scrapes (one half-second scrape is noise, not a
+peak).
+
+**Replicas** (two or more `vllm+http://` targets: data-parallel replicas, prefill and
+decode instances): a row per target over its own window; `running` is now~mean over the
+window.  **total**: sums of rates and gauges, KV the largest replica's, P95s from the
+replicas' histograms pooled together (bounded as above).  **IMBALANCED** when, for mean
+running or tokens/s, the largest replica exceeds the smallest by more than
+{IMBALANCE_RATIO:g}× and by at least one request / one token a second.
+
+**Cost** (`--cost-in` / `--cost-out` in $ per 1M tokens, `--gpu-cost-hour` in $ per hour of
+the GPUs behind one target), with P, G the prompt and generation tokens/s of the window:
+
+- {COST_FORMULAS[0]}
+- {COST_FORMULAS[1]}
 """
 
 

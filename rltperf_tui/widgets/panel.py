@@ -20,6 +20,7 @@ from textual.widget import Widget
 from rltperf_tui.widgets._fmt import Lines, Row, fit_row
 
 if TYPE_CHECKING:
+    from engine_adapters.definitions.cost import Prices
     from rltperf_tui.aggregator import TargetStats, Window
 
 
@@ -68,6 +69,8 @@ class PanelContext:
     """Seconds this connected live target has sent nothing, not even its heartbeat, when
     that is longer than a heartbeat allows (hung or cut off); None otherwise.  The
     figures shown are then those of the last data, marked stale."""
+    prices: Prices | None = None
+    """Prices for the cost figures (``--cost-in/--cost-out/--gpu-cost-hour``), if given."""
 
 
 _WAITING: Row = (("waiting for data…", "$text-muted"),)

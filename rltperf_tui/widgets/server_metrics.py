@@ -9,7 +9,8 @@ MBU from the server's own byte estimate carries its caveat (vLLM counts
 
 from __future__ import annotations
 
-from rltperf_tui.widgets._fmt import Lines, bar, ms, num, si
+from engine_adapters.definitions.cost import cost
+from rltperf_tui.widgets._fmt import NA, Lines, bar, ms, num, si
 from rltperf_tui.widgets.panel import Panel, PanelContext
 
 _LATENCIES = (
@@ -19,6 +20,13 @@ _LATENCIES = (
     ("e2e", "end-to-end"),
     ("queue", "queue"),
 )
+
+
+def _usd(v: float | None) -> str:
+    """Dollars with the precision that suits the size, or ``n/a``."""
+    if v is None:
+        return NA
+    return f"${v:,.2f}" if v >= 1 else f"${v:.3g}"
 
 
 class ServerMetricsPanel(Panel):
@@ -39,9 +47,19 @@ class ServerMetricsPanel(Panel):
             return ln
         ln.add("tokens/s ", "$text-muted").add(si(m.tokens_per_s, digits=1), "bold")
         ln.add("  prompt/s ", "$text-muted").add(si(m.prompt_tokens_per_s, digits=1))
-        ln.add("  req/s ", "$text-muted").add(num(m.requests_per_s, "{:.2f}"))
-        ln.add("  steps/s ", "$text-muted").add(num(m.steps_per_s, "{:.1f}"))
-        ln.add("  tok/step ", "$text-muted").add(num(m.tokens_per_step, "{:.1f}")).nl()
+        ln.add("  req/s ", "$text-muted").add(num(m.requests_per_s, "{:.2f}")).nl()
+        prices = ctx.prices
+        if prices is not None and prices.any:
+            c = cost(m.prompt_tokens_per_s, m.tokens_per_s, prices)
+            ln.add("cost ", "$text-muted")
+            if c.list_per_mtok is None and c.gpu_per_mtok_out is None:
+                ln.add("n/a: no tokens in the window", "$text-muted")
+            if c.list_per_mtok is not None:
+                ln.add("list ", "$text-muted").add(_usd(c.list_per_mtok) + "/1M tok", "bold")
+                ln.add(f" ({_usd(c.list_per_hour)}/h)  ", "$text-muted")
+            if c.gpu_per_mtok_out is not None:
+                ln.add("GPU ", "$text-muted").add(_usd(c.gpu_per_mtok_out) + "/1M out", "bold")
+            ln.nl()
         ln.add("running ", "$text-muted").add(num(m.running, "{:.0f}"), "bold")
         ln.add("  waiting ", "$text-muted").add(num(m.waiting, "{:.0f}"), "bold")
         ln.add("  KV ", "$text-muted")
@@ -49,6 +67,9 @@ class ServerMetricsPanel(Panel):
             ln.add("n/a")
         else:
             ln.add(f"{m.kv_usage:6.1%} ", "bold").add(bar(m.kv_usage, 12))
+        ln.nl()
+        ln.add("steps/s ", "$text-muted").add(num(m.steps_per_s, "{:.1f}"))
+        ln.add("  tok/step ", "$text-muted").add(num(m.tokens_per_step, "{:.1f}"))
         ln.add("  preempted ", "$text-muted").add(f"{m.preemptions:.0f}")
         if m.prefix_hit_rate is not None:
             ln.add("  prefix hits ", "$text-muted").add(f"{m.prefix_hit_rate:.1%}")
@@ -71,9 +92,9 @@ class ServerMetricsPanel(Panel):
             ln.add(f"{ms(m.latency_mean_ms.get(key)):>9}")
             capped = m.latency_capped.get(key)
             note = f"  n={n:,}" + (f", {'/'.join(capped)} beyond the last bucket" if capped else "")
-            if low:
-                note += ", ≤: bucket too wide, bound from the mean"
             ln.add(note, "$text-muted").nl()
+        if m.latency_bounded:
+            ln.add("≤ upper limit: bucket too wide, bound from the exact mean", "$text-muted").nl()
         ln.add(m.percentile_method, "$text-muted").nl()
         ln.nl()
         ln.add("bandwidth ", "$text-muted")

@@ -19,6 +19,8 @@ from rltperf_tui.widgets.panel import Panel, PanelContext
 from rltperf_tui.widgets.queue_kv import QueuePanel
 from rltperf_tui.widgets.roofline_panel import RooflinePanel
 from rltperf_tui.widgets.server_metrics import ServerMetricsPanel
+from rltperf_tui.widgets.server_totals import ServerTotalsPanel
+from rltperf_tui.widgets.server_trends import ServerTrendsPanel
 from rltperf_tui.widgets.step_timeline import StepTimeline
 from rltperf_tui.widgets.target_header import TargetHeader
 
@@ -48,10 +50,12 @@ class TargetColumn(VerticalScroll):
                 yield LatencyPanel(classes="panel")
                 yield DevicePanel(classes="panel")
             with Vertical(classes="stack right"):
+                yield ServerTotalsPanel(classes="panel metrics-only")
                 yield RooflinePanel(classes="panel")
                 yield LoopsPanel(classes="panel")
                 yield QueuePanel(classes="panel")
                 yield CapturesPanel(classes="panel")
+        yield ServerTrendsPanel(classes="panel metrics-only")
 
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(event.size.width >= WIDE_AT, "-wide")

