@@ -45,11 +45,15 @@ METRICS_FAILED_REASONS = ("abort", "error")
 
 
 def summarize(
-    stats: TargetStats, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
+    stats: TargetStats,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+    window_s: float | None = None,
 ) -> dict[str, Any]:
     """The ``rltperf summary --json`` object (keys: ``SUMMARY_KEYS``): the whole stream, or
-    what a bounded ring still keeps (``TargetStats.kept_seconds``; ``statistics`` then says so)."""
-    kept = stats.kept_seconds()
+    what a bounded ring still keeps (``TargetStats.kept_seconds``; ``statistics`` then says so);
+    with ``window_s``, the live window of its last seconds (``attach --jsonl``), same keys."""
+    kept = stats.kept_seconds() if window_s is None else window_s
     w = stats.window(kept, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
     out: dict[str, Any] = dict.fromkeys(SUMMARY_KEYS)
     out.update(w.as_summary())
@@ -90,9 +94,14 @@ def summarize(
         "percentiles of pooled samples over the whole recording; rates over its wall time "
         "(first to last timestamp), profiled/exporting/warm-up steps and their time left out"
     )
-    if kept is not None:
+    if window_s is not None:
+        out["statistics"] = (
+            f"percentiles of pooled samples over the last {window_s:g} s of data time; rates over that "
+            "wall time, profiled/exporting/warm-up steps and their time left out"
+        )
+    elif kept is not None:
         out["statistics"] += f"; only the last {len(stats.steps)} steps ({kept:.0f} s) were kept in memory"
-    mw = stats.metrics_window(None)  # vLLM over HTTP: its /metrics, not per-step records
+    mw = stats.metrics_window(window_s)  # vLLM over HTTP: its /metrics, not per-step records
     if mw is not None:
         out["metrics"] = asdict(mw)
         if not w.steps:

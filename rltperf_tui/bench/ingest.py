@@ -12,6 +12,12 @@
    RSS at the start and the end (``--duration 600`` for the ten-minute figure) and the
    records it received.
 
+3. ``metrics_only`` (with ``--metrics-target vllm+http://HOST:PORT``, a running vLLM
+   server): the monitor's CPU on a /metrics-only target, scraped at ``--metrics-hz``
+   (default 2) with the window's figures at the same rate, over ``--metrics-duration``
+   seconds (default 20), and one scrape's cost split into GET, parse and derive
+   (``rltperf_tui.bench.metrics_ingest``).  No target is set for it: it is stated.
+
 For profiling, ``$RLTPERF_BENCH_CHILD`` replaces the monitor child's script (it gets the
 target, an output JSON path and the refresh rate as arguments).
 """
@@ -48,6 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=1000.0, help="engine steps per second (default 1000)")
     p.add_argument("--refresh", type=float, default=2.0, help="monitor refresh rate, Hz (default 2)")
     p.add_argument("--skip-tui", action="store_true", help="only the decode+aggregate rate")
+    p.add_argument("--metrics-target", default=None, metavar="vllm+http://HOST:PORT",
+                   help="also measure the monitor's CPU on this running vLLM server's /metrics")  # fmt: skip
+    p.add_argument(
+        "--metrics-hz", type=float, default=2.0, help="scrapes per second for --metrics-target (default 2)"
+    )
+    p.add_argument("--metrics-duration", type=float, default=20.0, metavar="S",
+                   help="seconds the /metrics-only monitor is measured (default 20)")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- decode + aggregate
@@ -305,6 +318,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "it stopped or fell behind, so its CPU figure means nothing"
             )
         ok = ok and tui["kept_up"]
+    if args.metrics_target:
+        from rltperf_tui.bench.metrics_ingest import metrics_only_cost
+
+        res["metrics_only"] = metrics_only_cost(args.metrics_target, args.metrics_duration, args.metrics_hz)
+    else:
+        res["metrics_only"] = {
+            "measured": False,
+            "why": "give --metrics-target vllm+http://HOST:PORT of a running vLLM server",
+        }
     res["targets"] = {"records_per_s": ">= 200000", "tui_cpu_fraction": "<= 0.05"}
     res["ok"] = ok
     return res
@@ -333,4 +355,7 @@ def print_text(r: dict[str, Any]) -> None:
               f"(max {t['tui_rss_mb_max']:.1f})")  # fmt: skip
         if t.get("problem"):
             print(f"  PROBLEM: {t['problem']}")
+    from rltperf_tui.bench.metrics_ingest import print_metrics_only
+
+    print_metrics_only(r.get("metrics_only"))
     print("OK" if r["ok"] else "TARGET MISSED")

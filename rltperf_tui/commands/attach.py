@@ -8,11 +8,13 @@ import sys
 from typing import Any
 
 from rltperf_tui.commands.common import add_target_options, target_options
+from rltperf_tui.commands.jsonl import JSONL_HELP
 
 HELP = "the live monitor: attach to running engines (tcp://, vllm+http://) or recordings"
 EXIT_WITHOUT_TEARDOWN = True
 """Done, the process ends at once (``cli._exit_now``): no interpreter teardown to wait for."""
-DESCRIPTION = """\
+DESCRIPTION = (
+    """\
 Open the live monitor on one or more targets, one column each, side by side (a
 prefill and a decode instance, several ranks):
 
@@ -28,7 +30,16 @@ the streams, ? explain every number, q quit.
 
 A target that cannot be reached is reported and the command exits, unless --wait is
 given: then its column shows "waiting" and it is retried until it answers.  A target
-that goes away later shows "reconnecting" and resumes by itself."""
+that goes away later shows "reconnecting" and resumes by itself.
+
+--auto [HOST:]PORT-PORT finds the targets on a port range (vLLM servers by their
+vllm:* metrics, rltperf probes by their hello), says on stderr what each open port
+is, and attaches to every target found (with --list: prints them and exits); none
+found: exit 2, saying what was scanned.
+
+"""
+    + JSONL_HELP
+)
 
 
 def add_monitor_options(p: argparse.ArgumentParser) -> None:
@@ -111,8 +122,11 @@ def monitor_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rltperf_tui.auto_targets import add_auto_options
+    from rltperf_tui.commands.jsonl import add_jsonl_options
+
     p.add_argument(
-        "targets", nargs="+", metavar="TARGET", help="tcp://HOST:PORT, vllm+http://HOST:PORT or a recording"
+        "targets", nargs="*", metavar="TARGET", help="tcp://HOST:PORT, vllm+http://HOST:PORT or a recording"
     )
     p.add_argument("--wait", action="store_true",
                    help="do not exit when a target cannot be reached: show it as waiting and keep retrying")  # fmt: skip
@@ -125,6 +139,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--gpu-cost-hour", type=float, default=None, metavar="$",
                    help="$ per hour of the GPUs behind one target: gives $ per 1M generated tokens")  # fmt: skip
     add_target_options(p)
+    add_auto_options(p)
+    add_jsonl_options(p)
 
 
 def prices(args: argparse.Namespace) -> tuple[Any, str | None]:
@@ -211,8 +227,22 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         print(f"rltperf attach: error: {bad}", file=sys.stderr)
         return 2
+    from rltperf_tui.auto_targets import resolve_targets
+    from rltperf_tui.commands.jsonl import check_jsonl_options, run_jsonl
+
+    bad = check_jsonl_options(args)
+    if bad:
+        print(f"rltperf attach: error: {bad}", file=sys.stderr)
+        return 2
+    found = resolve_targets(args, "attach")
+    if isinstance(found, int):
+        return found
+    if args.jsonl:
+        return run_jsonl(found, args, "attach")
     opts = target_options(args)
-    specs = open_targets(list(args.targets), opts, args.wait, "attach")
+    specs = open_targets([t for t, _ in found], opts, args.wait, "attach")
     if specs is None:
         return 1
+    for spec, (_, note) in zip(specs, found, strict=True):
+        spec.note = spec.note or note
     return run_monitor(specs, args, adapter_options=opts, wait=True, prices=cost)

@@ -15,16 +15,33 @@ DESCRIPTION = """\
 Record the records a target streams (steps, requests, device samples) into a
 recording file, for --duration seconds or until Ctrl-C.  Recordings are the unprofiled baselines that
 `rltperf summary`, `rltperf compare` and `rltperf replay` read.  An existing file is
-never overwritten.  If the engine goes away, what was recorded is kept."""
+never overwritten.  If the engine goes away, what was recorded is kept.
+
+--jsonl FILE (- for stdout): also (or, without -o, only) write one JSON object per
+refresh (--refresh, default 2 Hz) to FILE, one a line, each flushed: the keys of
+`rltperf summary --json` over the last --window seconds (default 10), plus target,
+timestamp, state and, on the last object, reason (see `rltperf attach --help`).
+Exit status: 0 after --duration, Ctrl-C or a closed pipe; 1 when the engine went
+away (what was recorded is kept; the last object says why)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", help="tcp://HOST:PORT, vllm+http://HOST:PORT")
+    p.add_argument("target", nargs="?", help="tcp://HOST:PORT, vllm+http://HOST:PORT")
+    p.add_argument("--auto", default=None, metavar="[HOST:]PORT-PORT",
+                   help="instead of TARGET: the one vLLM server or rltperf probe on these ports "
+                        "(several found: they are listed, exit 2)")  # fmt: skip
     p.add_argument(
         "--duration", type=float, default=None, metavar="S", help="seconds to record (default: until Ctrl-C)"
     )
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="recording file to create (.rltrec)")
+    p.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="recording file to create (.rltrec); required unless --jsonl is given")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    p.add_argument("--jsonl", default=None, metavar="FILE",
+                   help="also write one JSON object (summary --json's keys) per refresh to FILE (- : stdout)")  # fmt: skip
+    p.add_argument("--window", type=float, default=10.0, metavar="S",
+                   help="with --jsonl: statistics window, seconds (default 10)")  # fmt: skip
+    p.add_argument("--refresh", type=float, default=2.0, metavar="HZ",
+                   help="with --jsonl: objects per second (default 2)")  # fmt: skip
     add_target_options(p)
 
 
@@ -32,6 +49,14 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         print("rltperf record: error: --duration must be positive", file=sys.stderr)
         return 2
+    if args.output is None and args.jsonl is None:
+        print("rltperf record: error: give -o FILE (a recording) and/or --jsonl FILE|-", file=sys.stderr)
+        return 2
+    bad = _resolve_target(args)
+    if bad is not None:
+        return bad
+    if args.jsonl is not None:
+        return _run_jsonl(args)
     _, session = open_session(args.target, **target_options(args, reconnect=False))
     prog = Progress(not args.quiet)
     writer = RecordingWriter(args.output, target=args.target)
@@ -79,3 +104,65 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _resolve_target(args: argparse.Namespace) -> int | None:
+    """``args.target`` from TARGET or ``--auto`` (exactly one found); the exit status on failure."""
+    if (args.target is None) == (args.auto is None):
+        print("rltperf record: error: give one TARGET or --auto [HOST:]PORT-PORT", file=sys.stderr)
+        return 2
+    if args.auto is None:
+        return None
+    from rltperf_tui.auto_targets import discover
+
+    found = discover([args.auto], args.token, "record")
+    if isinstance(found, int):
+        return found
+    if len(found) > 1:
+        print(f"rltperf record: error: --auto found {len(found)} targets; record one: name it as TARGET "
+              "(or record each in its own command)", file=sys.stderr)  # fmt: skip
+        return 2
+    args.target = found[0].target
+    return None
+
+
+def _run_jsonl(args: argparse.Namespace) -> int:
+    """``--jsonl``: the screenless stream (``rltperf_tui.headless``), recording beside it
+    when ``-o`` is given."""
+    from rltperf_tui.headless import LineWriter, Stream
+
+    if args.window <= 0 or not 0 < args.refresh <= 30:
+        print(
+            "rltperf record: error: --window must be positive, --refresh between 0 and 30 Hz", file=sys.stderr
+        )
+        return 2
+    _, session = open_session(args.target, **target_options(args, reconnect=False))
+    writer = RecordingWriter(args.output, target=args.target) if args.output else None
+    out = sys.stdout if args.jsonl == "-" else open(args.jsonl, "x", encoding="utf-8")  # noqa: SIM115
+    stream = Stream(
+        [(args.target, session)],
+        LineWriter(out),
+        window_s=args.window,
+        refresh_hz=args.refresh,
+        on_records=(lambda _i, recs: writer.write(recs)) if writer is not None else None,
+    )
+    t0 = time.monotonic()
+    try:
+        rc = stream.run(args.duration)
+    finally:
+        stream.close()
+        if writer is not None:
+            writer.close()
+        if out is not sys.stdout:
+            out.close()
+    elapsed = time.monotonic() - t0
+    if writer is not None:
+        steps = int(stream.targets[0].stats.steps.n)
+        print(f"wrote {args.output}: {writer.records} records ({steps} steps) over {elapsed:.1f} s, "
+              f"{writer.bytes} bytes", file=sys.stderr)  # fmt: skip
+    if rc:
+        print(
+            f"rltperf record: stopped early after {elapsed:.1f} s: {stream.targets[0].reason}",
+            file=sys.stderr,
+        )
+    return rc

@@ -1,0 +1,142 @@
+"""``rltperf bench ingest --metrics-target vllm+http://HOST:PORT``: the monitor's CPU on
+a /metrics-only target (a vLLM server over HTTP, no per-step records).
+
+A child process does what the monitor does for such a target, without drawing: the
+vLLM adapter's session scraping ``/metrics`` every ``1 / hz`` seconds (HTTP GET,
+``parse_scrape``, ``derive``), ``TargetStats.add`` of what it posts, and the window's
+figures (``metrics_window``) at the same rate, as a render tick computes them.  Its
+CPU time (``time.process_time``, all threads) over ``duration`` seconds after a short
+warm-up, divided by the wall time, is ``cpu_fraction`` (1.0 = one core).  The parent
+then splits one scrape's cost: the GET alone, ``parse_scrape`` and ``derive`` of the
+same body, timed over repeats (CPU time of one thread), so the largest part is named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+WARMUP_S = 3.0
+"""Seconds the child scrapes before its CPU time is counted (imports, first connect)."""
+
+_CHILD = r"""
+import json, sys, time
+from engine_adapters.monitor.vllm.adapter import VllmAdapter
+from rltperf_tui import tune_gc_for_ingest
+from rltperf_tui.aggregator import TargetStats
+target, hz, warm, dur = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+tune_gc_for_ingest()
+session = VllmAdapter(target, interval=1.0 / hz, reconnect=False).connect()
+stats = TargetStats()
+t_start = time.monotonic()
+t0 = c0 = None
+ticks = samples0 = 0
+nxt = t_start + 1.0 / hz
+while True:
+    now = time.monotonic()
+    if t0 is None and now - t_start >= warm:
+        t0, c0, polls0, samples0 = now, time.process_time(), session.polls, len(stats.metrics)
+    if t0 is not None and now - t0 >= dur:
+        break
+    stats.add(session.read(max(0.01, nxt - now)))
+    if time.monotonic() >= nxt:
+        stats.metrics_window(10.0)
+        ticks += 1
+        nxt += 1.0 / hz
+cpu, wall = time.process_time() - c0, time.monotonic() - t0
+print(json.dumps({"cpu_s": cpu, "wall_s": wall, "polls": session.polls - polls0,
+                  "poll_errors": session.poll_errors, "ticks": ticks, "state": session.state}))
+session.close()
+"""
+
+
+def _split_one_scrape(target: str, repeats: int = 20) -> dict[str, Any]:
+    """CPU milliseconds of one GET /metrics, ``parse_scrape`` and ``derive`` (medians)."""
+    from engine_adapters.monitor.vllm.http import HttpClient
+    from engine_adapters.monitor.vllm.metrics import MfuState, derive, parse_scrape
+
+    base = "http" + target[len("vllm+http") :]
+    client = HttpClient(base, timeout=10.0)
+    get_ms, parse_ms, derive_ms = [], [], []
+    body = b""
+    prev = None
+    for _ in range(repeats):
+        c = time.thread_time()
+        _, body = client.request("GET", "/metrics")
+        get_ms.append((time.thread_time() - c) * 1e3)
+        text = body.decode("utf-8", "replace")
+        c = time.thread_time()
+        cur = parse_scrape(text, time.perf_counter_ns())
+        parse_ms.append((time.thread_time() - c) * 1e3)
+        if prev is not None:
+            c = time.thread_time()
+            derive(prev, cur, MfuState(), 1.0, False)
+            derive_ms.append((time.thread_time() - c) * 1e3)
+        prev = cur
+    lines = body.count(b"\n")
+    vllm_lines = sum(
+        1 for ln in body.splitlines() if ln.startswith((b"vllm:", b"# HELP vllm:", b"# TYPE vllm:"))
+    )
+
+    def med(v: list[float]) -> float:
+        return round(sorted(v)[len(v) // 2], 3) if v else 0.0
+
+    return {
+        "get_cpu_ms": med(get_ms),
+        "parse_cpu_ms": med(parse_ms),
+        "derive_cpu_ms": med(derive_ms),
+        "body_bytes": len(body),
+        "body_lines": lines,
+        "vllm_lines": vllm_lines,
+    }
+
+
+def metrics_only_cost(target: str, duration: float = 20.0, hz: float = 2.0) -> dict[str, Any]:
+    """The monitor's CPU on a /metrics-only target (see the module docstring)."""
+    from rltperf_tui.bench.ingest import ROOT
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run(
+        [sys.executable, "-c", _CHILD, target, str(hz), str(WARMUP_S), str(duration)],
+        capture_output=True, text=True, env=env, timeout=duration + WARMUP_S + 120,
+    )  # fmt: skip
+    if p.returncode != 0 or not p.stdout.strip():
+        raise RuntimeError(f"the scraping child failed on {target}: {p.stderr.strip()[-800:]}")
+    child = json.loads(p.stdout.strip().splitlines()[-1])
+    frac = child["cpu_s"] / child["wall_s"]
+    split = _split_one_scrape(target)
+    per_scrape_ms = child["cpu_s"] / max(1, child["polls"]) * 1e3
+    return {
+        "target": target,
+        "scrape_hz": hz,
+        "measured_s": round(child["wall_s"], 1),
+        "warmup_s": WARMUP_S,
+        "cpu_fraction": round(frac, 5),
+        "scrapes": child["polls"],
+        "scrape_errors": child["poll_errors"],
+        "ticks": child["ticks"],
+        "cpu_ms_per_scrape": round(per_scrape_ms, 3),
+        "one_scrape": split,
+        "state": child["state"],
+    }
+
+
+def print_metrics_only(m: dict[str, Any] | None) -> None:
+    """The text lines of ``bench ingest`` for the /metrics-only figure."""
+    if not m or not m.get("measured", True):
+        why = (m or {}).get("why", "")
+        print(f"/metrics-only target: not measured ({why})")
+        return
+    s = m["one_scrape"]
+    print(f"/metrics-only target {m['target']}, scraped at {m['scrape_hz']:g} Hz with the window's figures "
+          f"at the same rate, {m['measured_s']:.0f} s after {m['warmup_s']:.0f} s:")  # fmt: skip
+    print(f"  CPU {m['cpu_fraction']:.2%} of one core ({m['cpu_ms_per_scrape']:.2f} ms per scrape, "
+          f"{m['scrapes']} scrapes, {m['scrape_errors']} failed)")  # fmt: skip
+    print(f"  one scrape: GET {s['get_cpu_ms']:.2f} ms, parse {s['parse_cpu_ms']:.2f} ms, derive "
+          f"{s['derive_cpu_ms']:.2f} ms of CPU; body {s['body_bytes']:,} bytes, {s['body_lines']} lines "
+          f"({s['vllm_lines']} of them vllm:*)")  # fmt: skip

@@ -1,0 +1,212 @@
+"""The monitor without a screen: one JSON object per target per refresh, one per line.
+
+``rltperf attach … --jsonl`` and ``rltperf record … --jsonl FILE|-`` stream what the
+screen shows as JSON lines, for scripts.  Each object is ``summary --json``'s object
+(``rltperf_tui.analysis.summary.summarize``, called here, so the keys are the same by
+construction) over the last ``--window`` seconds, plus ``target``, ``timestamp`` (UTC,
+ISO 8601), ``state`` (connected, reconnecting, ended) and, on a target's last object,
+``reason`` (why it ended).
+
+Every line is flushed as it is written.  A reader that leaves (``| head -3``) ends the
+stream quietly (exit 0); Ctrl-C or SIGTERM writes each target's last object (reason
+"interrupted") and exits 0; when every target has gone away (engine stopped, server
+lost; without ``--wait``) the last objects say why and the exit status is
+``EXIT_TARGETS_ENDED``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import IO, Any
+
+from engine_adapters.definitions.records import Ceiling, Record, SessionEvent
+from engine_adapters.monitor.base import Session
+from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.analysis.summary import summarize
+
+EXIT_TARGETS_ENDED = 1
+"""Exit status when every target went away (each one's last object says why)."""
+EXTRA_KEYS = ("target", "timestamp", "state", "reason")
+"""Keys a stream object has beyond ``summary --json``'s (``reason``: last object only)."""
+READ_S = 0.05
+"""Longest single blocking read of one session."""
+
+
+def _finite(v: Any) -> Any:
+    """NaN and infinities become null: the stream is strict JSON."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class LineWriter:
+    """JSON lines to a text stream, each flushed; ``closed`` once the reader left."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.closed = False
+        self.lines = 0
+
+    def write(self, obj: dict[str, Any]) -> bool:
+        """Write one object; False when the reader has gone (a closed pipe)."""
+        if self.closed:
+            return False
+        try:
+            self.stream.write(json.dumps(_finite(obj), separators=(",", ":")) + "\n")
+            self.stream.flush()
+        except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+            self._reader_left()
+            return False
+        except OSError as exc:
+            if exc.errno not in (32, 104):  # EPIPE, ECONNRESET
+                raise
+            self._reader_left()
+            return False
+        self.lines += 1
+        return True
+
+    def _reader_left(self) -> None:
+        self.closed = True
+        # Python flushes stdout again at exit; point it at /dev/null so that flush has
+        # nowhere to fail ("Exception ignored ... BrokenPipeError" otherwise).
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            if self.stream is sys.stdout:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+class Target:
+    """One target's session and aggregate in the stream."""
+
+    def __init__(self, name: str, session: Session, stats: TargetStats) -> None:
+        self.name = name
+        self.session = session
+        self.stats = stats
+        self.ended = False
+        self.reason = ""
+
+    def read(self, timeout: float) -> list[Record]:
+        recs = self.session.read(timeout)
+        if recs:
+            self.stats.add(recs)
+            for r in recs:
+                if isinstance(r, SessionEvent) and r.state == "ended":
+                    self.reason = r.detail or "the target ended"
+        if self.session.ended and not self.ended:
+            self.ended = True
+            self.reason = self.reason or self.stats.state_detail or "the target ended"
+        return recs
+
+
+class Stream:
+    """Targets read in turn; every ``1 / refresh_hz`` seconds an object per target."""
+
+    def __init__(
+        self,
+        sessions: Sequence[tuple[str, Session]],
+        out: LineWriter,
+        *,
+        window_s: float = 10.0,
+        refresh_hz: float = 2.0,
+        slo_ttft_ms: float | None = None,
+        slo_tpot_ms: float | None = None,
+        peak_gbps: float | None = None,
+        peak_gflops: float | None = None,
+        history_steps: int = 32768,
+        on_records: Callable[[int, list[Record]], None] | None = None,
+    ) -> None:
+        override = None
+        if peak_gbps is not None or peak_gflops is not None:
+            override = Ceiling(
+                device="", peak_bw_gbps=peak_gbps, peak_gflops=peak_gflops, source="--peak-gbps flag"
+            )
+        self.targets = [
+            Target(name, s, TargetStats(capacity=max(1024, history_steps), peak_override=override))
+            for name, s in sessions
+        ]
+        self.out = out
+        self.window_s = window_s
+        self.period = 1.0 / refresh_hz
+        self.slo = (slo_ttft_ms, slo_tpot_ms)
+        self.on_records = on_records
+        """Called with (target index, records) as they arrive (``record`` writes them)."""
+
+    def object_for(self, t: Target, reason: str | None = None) -> dict[str, Any]:
+        """The stream object of one target now (``summary --json``'s keys + ``EXTRA_KEYS``)."""
+        summary = summarize(t.stats, self.slo[0], self.slo[1], window_s=self.window_s)
+        head: dict[str, Any] = {"target": t.name, "timestamp": _utc_now(), "state": t.stats.state}
+        if reason is not None:
+            head["state"] = "ended"
+            head["reason"] = reason
+        return {**head, **summary}
+
+    def run(self, duration: float | None = None, is_done: Callable[[], bool] | None = None) -> int:
+        """Stream until ``duration``, the reader leaves, Ctrl-C/SIGTERM, or every target
+        ended; returns the exit status (0, or ``EXIT_TARGETS_ENDED``)."""
+        t0 = time.monotonic()
+        next_tick = t0 + self.period
+        old_term = _sigterm_as_interrupt()
+        try:
+            while True:
+                live = [t for t in self.targets if not t.ended]
+                now = time.monotonic()
+                each = max(0.005, min(READ_S, (next_tick - now) / max(1, len(live))))
+                for i, t in enumerate(self.targets):
+                    if t.ended:
+                        continue
+                    recs = t.read(each)
+                    if recs and self.on_records is not None:
+                        self.on_records(i, recs)
+                    if t.ended and not self.out.write(self.object_for(t, t.reason)):
+                        return 0
+                if all(t.ended for t in self.targets):
+                    return EXIT_TARGETS_ENDED
+                now = time.monotonic()
+                if now >= next_tick:
+                    for t in self.targets:
+                        if not t.ended and not self.out.write(self.object_for(t)):
+                            return 0
+                    next_tick += self.period
+                    if next_tick < now:
+                        next_tick = now + self.period
+                if (duration is not None and now - t0 >= duration) or (is_done is not None and is_done()):
+                    return 0
+        except KeyboardInterrupt:
+            for t in self.targets:
+                if not t.ended and not self.out.write(self.object_for(t, "interrupted")):
+                    break
+            return 0
+        finally:
+            signal.signal(signal.SIGTERM, old_term)
+
+    def close(self) -> None:
+        for t in self.targets:
+            with contextlib.suppress(Exception):
+                t.session.close()
+
+
+def _sigterm_as_interrupt() -> Any:
+    """SIGTERM ends the stream as Ctrl-C does (last objects written); returns the old handler."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+__all__ = ["EXIT_TARGETS_ENDED", "EXTRA_KEYS", "LineWriter", "Stream"]

@@ -1,0 +1,161 @@
+"""``--auto`` discovery against real things: a reference loop engine's probe (with and
+without a token), a plain HTTP server that is not vLLM, a port that accepts and says
+nothing, closed ports.  The vLLM server half is in tests/engine_adapters/vllm/test_vllm_headless.py."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from engine_adapters.monitor.discover import (
+    CONNECT_TIMEOUT_S,
+    IDENTIFY_TIMEOUT_S,
+    MAX_PORTS,
+    PortRange,
+    RangeError,
+    identify,
+    parse_range,
+    scan,
+)
+from tests.conftest import LOOP_ENGINE, start_engine
+
+
+def free_block(n: int) -> int:
+    """The first port of ``n`` consecutive ports free on loopback right now."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        ok = True
+        for p in range(base, base + n):
+            with socket.socket() as t:
+                try:
+                    t.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no block of free ports")
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def plain_http() -> Iterator[int]:
+    """An HTTP server that is not vLLM (directory listing; /metrics is a 404)."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Quiet)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv.server_address[1]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_ranges_parse_and_bad_ones_say_why() -> None:
+    assert parse_range("8000-8010") == PortRange("127.0.0.1", 8000, 8010)
+    assert parse_range("localhost:9000") == PortRange("localhost", 9000, 9000)
+    assert parse_range("[::1]:7000-7001") == PortRange("::1", 7000, 7001)
+    assert str(parse_range("[::1]:7000-7001")) == "[::1]:7000-7001"
+    with pytest.raises(RangeError, match=r"first port is above the last .*8000-8010"):
+        parse_range("8010-8000")
+    with pytest.raises(RangeError, match=f"at most {MAX_PORTS}"):
+        parse_range("1000-3000")
+    parse_range(f"1000-{1000 + MAX_PORTS - 1}")  # exactly the maximum is fine
+    with pytest.raises(RangeError, match="outside 1-65535"):
+        parse_range("0-10")
+    with pytest.raises(RangeError, match="outside 1-65535"):
+        parse_range("65530-70000")
+    with pytest.raises(RangeError, match=r"cannot resolve host 'no-such-host\.invalid'"):
+        parse_range("no-such-host.invalid:80-81")
+    for bad in ("", "8000-", "abc", "8000-80x0", "h:8000:8001"):
+        with pytest.raises(RangeError, match="expected \\[HOST:\\]PORT-PORT"):
+            parse_range(bad)
+
+
+def test_closed_ports_cost_no_timeout() -> None:
+    """A range with nothing listening is answered by the refusals, not by waiting out
+    the connect timeout per port (or at all)."""
+    base = free_block(100)
+    t0 = time.monotonic()
+    res = scan(PortRange("127.0.0.1", base, base + 99))
+    took = time.monotonic() - t0
+    assert res.found == [] and res.closed == 100
+    assert took < CONNECT_TIMEOUT_S, took
+    assert f"127.0.0.1:{base}-{base + 99} (100 ports" in res.describe_empty()
+
+
+def test_finds_the_probe_and_not_the_plain_http_server(plain_http: int) -> None:
+    base = free_block(100)
+    eng = start_engine([str(LOOP_ENGINE), "--listen", f"127.0.0.1:{base + 7}", "--duration", "60", "--no-warm",
+                        "--prometheus-port", str(base + 8)])  # fmt: skip
+    prom_line = eng.proc.stdout.readline() if eng.proc.stdout else ""
+    assert prom_line.startswith("PROMETHEUS "), prom_line  # it listens
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", base + 40))
+    silent.listen(4)  # accepts (the kernel does) and never answers
+    try:
+        t0 = time.monotonic()
+        res = scan(PortRange("127.0.0.1", base, base + 99), timeout=0.5)
+        took = time.monotonic() - t0
+        extra = scan(PortRange("127.0.0.1", plain_http, plain_http))
+    finally:
+        silent.close()
+        eng.stop()
+    assert [(f.port, f.kind, f.target) for f in res.targets] == [
+        (base + 7, "probe", f"tcp://127.0.0.1:{base + 7}")
+    ]
+    assert "test-loop" in res.targets[0].what and "RANDOM WEIGHTS" in res.targets[0].what
+    others = {f.port: f for f in res.others}
+    assert set(others) == {base + 8, base + 40}, res.found
+    assert others[base + 8].what.startswith("rltperf Prometheus exporter")
+    assert "said nothing within 0.5 s" in others[base + 40].what
+    assert res.closed == 97
+    # identification runs in parallel: the silent port's timeouts are waited once, not per port
+    assert took < 2 * 0.5 + IDENTIFY_TIMEOUT_S, took  # two tries (HTTP, hello) of 0.5 s, plus slack
+    # a plain HTTP server is not a target, and says what it is
+    assert extra.targets == []
+    assert extra.others[0].kind == "other" and "HTTP server, not vLLM (HTTP 404" in extra.others[0].what
+
+
+def test_a_probe_that_wants_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--no-warm", "--token", "s3cret"])
+    try:
+        host, port = eng.address.rsplit(":", 1)
+        monkeypatch.delenv("RLTPERF_TOKEN", raising=False)
+        refused = identify(host, int(port))
+        monkeypatch.setenv("RLTPERF_TOKEN", "s3cret")
+        res = scan(PortRange(host, int(port), int(port)))
+    finally:
+        eng.stop()
+    assert refused.kind == "probe-refused" and refused.target is None
+    assert "token" in refused.what
+    assert [f.target for f in res.targets] == [f"tcp://{eng.address}"]
+
+
+def test_a_probe_busy_past_the_timeout_is_still_found() -> None:
+    """An engine that holds its probe's threads longer than the timeout (start-up, a
+    stall: here SIGSTOP for 1.3 s) leaves the HTTP try unanswered; the hello is tried next."""
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--no-warm"])
+    host, port = eng.address.rsplit(":", 1)
+    try:
+        os.kill(eng.proc.pid, signal.SIGSTOP)
+        threading.Timer(1.3, os.kill, (eng.proc.pid, signal.SIGCONT)).start()
+        found = identify(host, int(port), timeout=1.0)
+    finally:
+        os.kill(eng.proc.pid, signal.SIGCONT)
+        eng.stop()
+    assert found.kind == "probe" and found.target == f"tcp://{eng.address}", found
