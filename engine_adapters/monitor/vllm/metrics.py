@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine_adapters.definitions import looped_cost
 from engine_adapters.definitions.records import HistogramDelta, MetricsSample
 
 # Counters (sample names as exposed, with _total).
@@ -92,15 +93,15 @@ class LmHead:
 
     def flops(self, steps: float, tokens: float) -> float:
         """FLOPs of the LM head over ``steps`` steps that produced ``tokens`` logits rows."""
-        return 2.0 * tokens * self.hidden * self.vocab
+        return looped_cost.head_flops(self.hidden, self.vocab, tokens)
 
     def read_bytes(self, steps: float, tokens: float) -> float:
         """Bytes the LM head reads over the interval (weight once per step, inputs)."""
-        return (steps * self.hidden * self.vocab + tokens * self.hidden) * self.bytes_per_elem
+        return looped_cost.head_read_bytes(self.hidden, self.vocab, self.bytes_per_elem, steps, tokens)
 
     def write_bytes(self, steps: float, tokens: float) -> float:
         """Bytes the LM head writes over the interval (the logits)."""
-        return tokens * self.vocab * self.bytes_per_elem
+        return looped_cost.head_write_bytes(self.vocab, self.bytes_per_elem, tokens)
 
 
 def lm_head_from(config: dict[str, object] | None) -> LmHead | None:
@@ -122,8 +123,8 @@ def lm_head_from(config: dict[str, object] | None) -> LmHead | None:
 
 
 def loop_corrected(value: float, head_share: float, loops: float) -> float:
-    """``k·X − (k − 1)·H`` (see ``LmHead``), with ``H`` capped at ``X``."""
-    return loops * value - (loops - 1.0) * min(max(0.0, head_share), value)
+    """``k·X − (k − 1)·H`` (see ``LmHead``), with ``H`` capped at ``X`` (``definitions.looped_cost``)."""
+    return looped_cost.loop_corrected(value, head_share, loops)
 
 
 @dataclass

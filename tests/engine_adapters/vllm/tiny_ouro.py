@@ -217,6 +217,60 @@ def vllm_prompt_logprobs(dirs: list[str]) -> dict[str, Any]:
     return out
 
 
+def start_ouro_server(root: Path, hf_overrides: dict[str, Any] | None = None, extra_env: dict[str, str] | None = None,
+                      weights: bool = True) -> Any:  # fmt: skip
+    """Build the tiny Ouro (``total_ut_steps`` 4) under ``root`` and serve it as
+    ``vllm_fixtures.start_server`` serves the tiny Llama (same flags and environment, the
+    rltperf probe on), plus ``--hf-overrides`` and, without weights, ``--load-format dummy``."""
+    import subprocess
+    import time
+    import urllib.error
+    import urllib.request
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from vllm_fixtures import MODEL_NAME, ROOT, START_TIMEOUT_S, Server, free_port
+
+    model = build(root / "model", total_ut_steps=4, weights=weights)
+    prof, tmp = root / "prof", root / "tmp"
+    prof.mkdir()
+    tmp.mkdir()
+    port, probe = free_port(), f"127.0.0.1:{free_port()}"
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_CACHE_ROOT=str(tmp / "vllm-cache"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
+               TMPDIR=str(tmp), RLTPERF_PROBE=probe,
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))  # fmt: skip
+    env.update(extra_env or {})
+    profiler_config = {"profiler": "torch", "torch_profiler_dir": str(prof), "torch_profiler_with_stack": False}
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+        "--max-model-len", "512", "--enforce-eager", "--seed", "0", "--profiler-config", json.dumps(profiler_config),
+    ]  # fmt: skip
+    if hf_overrides:
+        cmd += ["--hf-overrides", json.dumps(hf_overrides)]
+    if not weights:
+        cmd += ["--load-format", "dummy"]
+    log_path = root / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root),
+                                start_new_session=True)  # fmt: skip
+    server = Server(proc, port, probe, prof, log_path, model)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited ({proc.returncode}) during start:\n{server.log_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(server.url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return server
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(1.0)
+    server.stop()
+    raise RuntimeError(f"vLLM did not answer /health within {START_TIMEOUT_S:.0f} s:\n{server.log_text()[-3000:]}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "logprobs":
         # python tiny_ouro.py logprobs OUT.json DIR...  (used by test_ouro_model.py)

@@ -117,10 +117,14 @@ class RingReader:
         self.path = path
         self.mm: Any = None
         self.last = 0
+        self.tried = False
 
-    def _open(self) -> bool:
+    def open(self) -> bool:
+        """Map the ring if the model has created it; then remove its name (the mappings stay
+        valid in both processes, and nothing is left behind however the engine stops)."""
         if self.mm is not None:
             return True
+        first, self.tried = not self.tried, True
         try:
             if os.path.getsize(self.path) < _words() * 8:
                 return False
@@ -130,12 +134,18 @@ class RingReader:
         if int(mm[0]) != MAGIC or int(mm[1]) != VERSION:
             return False
         self.mm = mm
-        self.last = int(mm[2])  # records written before the tap opened are not steps
+        # records written before the first attempt (warm-up) are not steps; a ring created
+        # after it holds only forwards the tap has seen begin
+        self.last = int(mm[2]) if first else 0
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
         return True
 
     def read_new(self) -> list[LoopRecord]:
         """Records completed since the last call (oldest first; a lapped ring loses the oldest)."""
-        if not self._open():
+        if not self.open():
             return []
         mm = self.mm
         cur = int(mm[2])
@@ -166,11 +176,10 @@ class RingReader:
         self.last = cur
         return out
 
-    def close(self, unlink: bool = True) -> None:
-        """Drop the mapping and (by default) remove the file."""
+    def close(self) -> None:
+        """Drop the mapping (and the file, if it was never opened)."""
         self.mm = None
-        if unlink:
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass

@@ -279,17 +279,14 @@ class OuroModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.early_exit_gate = nn.Linear(config.hidden_size, 1, bias=True)
-        self.recorder: LoopRecorder | None = None
-        self._recorder_checked = False
+        # created now, before the engine core's tap opens the ring
+        self.recorder = _make_recorder(self.passes, torch.device(vllm_config.device_config.device or "cpu"))
 
     def forward(
         self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors: Any = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
         h = inputs_embeds if inputs_embeds is not None else self.embed_tokens(input_ids)
-        if not self._recorder_checked:
-            self._recorder_checked = True
-            self.recorder = _make_recorder(self.passes, h.device)
         rec = self.recorder
         if rec is not None:
             rec.begin(int(h.shape[0]))
