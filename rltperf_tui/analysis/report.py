@@ -454,6 +454,12 @@ def analyze_bundle(
             "error": trace.error if trace else None,
         },
     }
+    from rltperf_tui.analysis.loops import loop_ranges
+
+    lr = loop_ranges(events, scan) if trace else None
+    rep["loop_ms"] = lr["loop_ms"] if lr else None
+    rep["loop_passes_per_step"] = lr["passes_per_step"] if lr else None
+    rep["exit_hist"] = exit_histogram(step_records) or None
     return BundleAnalysis(path, meta, trace, scan, host_ops, device_ops, idle, step_records, rep)
 
 
@@ -673,6 +679,12 @@ def render_text(rep: dict[str, Any], max_steps: int = 24) -> str:
             f"({ctx['steps_before']} steps); captured p50 {_f(ctx['captured_probe_ms']['p50'])} ms "
             f"→ profiler slow-down x{_f(ctx['profiler_slowdown_p50'], '{:.2f}')}"
         )
+    if rep.get("loop_ms") or rep.get("exit_hist"):
+        from rltperf_tui.analysis.loops import render
+
+        L.append("")
+        L += render(rep.get("loop_ms"), rep.get("exit_hist"), "loop[t] ranges per step, steps.jsonl exits")
+        L.append(f"loop[t] ranges per step: {rep.get('loop_passes_per_step')} (loop[0] … loop[{len(rep.get('loop_ms') or [0]) - 1}])")
     cap = rep["capture"]
     L.append("")
     L.append(

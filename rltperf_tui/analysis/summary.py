@@ -84,6 +84,8 @@ def summarize(
     }
     out["exit_hist"] = w.exit_hist
     out["mean_exit_depth"] = w.mean_exit_depth
+    out["loop_ms"] = w.loop_ms_mean
+    out["loop_tokens"] = w.loop_tokens_mean
     out["acceptance_rate"] = w.acceptance_rate
     out["mean_acceptance_len"] = w.mean_acceptance_len
     info = stats.info
