@@ -58,7 +58,9 @@ class LoopedShape:
     def layer_params(self) -> int:
         """Parameters of one layer: QKV, O, SwiGLU, norms."""
         h = self.hidden
-        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 3 * h * self.ffn + self.norms_per_layer * h
+        return (
+            h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 3 * h * self.ffn + self.norms_per_layer * h
+        )
 
     @classmethod
     def from_config(cls, cfg: Any, dtype: str | None = None) -> LoopedShape | None:
@@ -118,11 +120,16 @@ def step_cost(shape: LoopedShape, seqs: list[tuple[int, int]], out_rows: int, pa
     looped = k * (shape.layers * shape.layer_params() + h) * b + kv_r + g * (h + 1) * b
     c.looped_read = looped
     c.kv_read, c.kv_written = kv_r, kv_w
-    c.bytes_read = looped + n * h * b + head_read_bytes(h, shape.vocab, b, steps=1)
+    c.bytes_read = looped + n * h * b + shape.vocab * h * b  # embedding rows, LM head weight once
     c.bytes_written = kv_w
     lin = 2.0 * n * (h * (shape.q_dim + 2 * shape.kv_dim) + shape.q_dim * h + 3 * h * shape.ffn)
     att = 4.0 * shape.q_dim * keys
-    c.flops = k * shape.layers * (lin + att) + k * 4.0 * n * h + g * 2.0 * n * h + head_flops(h, shape.vocab, out_rows)
+    c.flops = (
+        k * shape.layers * (lin + att)
+        + k * 4.0 * n * h
+        + g * 2.0 * n * h
+        + head_flops(h, shape.vocab, out_rows)
+    )
     return c
 
 
@@ -131,7 +138,9 @@ def head_flops(hidden: int, vocab: int, rows: float) -> float:
     return 2.0 * rows * hidden * vocab
 
 
-def head_read_bytes(hidden: int, vocab: int, bytes_per_elem: float, steps: float = 1.0, rows: float = 0.0) -> float:
+def head_read_bytes(
+    hidden: int, vocab: int, bytes_per_elem: float, steps: float = 1.0, rows: float = 0.0
+) -> float:
     """Bytes the LM head reads: its weight once per step (plus ``rows`` input rows, when counted)."""
     return (steps * hidden * vocab + rows * hidden) * bytes_per_elem
 

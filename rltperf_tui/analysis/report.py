@@ -684,7 +684,9 @@ def render_text(rep: dict[str, Any], max_steps: int = 24) -> str:
 
         L.append("")
         L += render(rep.get("loop_ms"), rep.get("exit_hist"), "loop[t] ranges per step, steps.jsonl exits")
-        L.append(f"loop[t] ranges per step: {rep.get('loop_passes_per_step')} (loop[0] … loop[{len(rep.get('loop_ms') or [0]) - 1}])")
+        L.append(
+            f"loop[t] ranges per step: {rep.get('loop_passes_per_step')} (loop[0] … loop[{len(rep.get('loop_ms') or [0]) - 1}])"
+        )
     cap = rep["capture"]
     L.append("")
     L.append(

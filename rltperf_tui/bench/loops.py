@@ -56,7 +56,9 @@ print("RESULT " + json.dumps({"on_ms": statistics.median(on) / 1e6, "off_ms": st
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=40, help="A/B pairs of decode blocks (default 40)")
     p.add_argument("--batch", type=int, default=4, help="requests per block (default 4)")
-    p.add_argument("--tokens", type=int, default=16, help="tokens per request, i.e. steps per block (default 16)")
+    p.add_argument(
+        "--tokens", type=int, default=16, help="tokens per request, i.e. steps per block (default 16)"
+    )
 
 
 def _config() -> dict[str, Any]:

@@ -76,8 +76,13 @@ class LoopFacts:
         if self.known and kv_used is not None:
             f["kv_per_depth"] = [kv_used] * self.passes
         if self.shape is not None and so is not None and so.total_num_scheduled_tokens > 0:
-            c = step_cost(self.shape, _requests(so), out_rows, passes=self.passes,
-                          gate_passes=self.passes - 1 if self.gate_on else 0)
+            c = step_cost(
+                self.shape,
+                _requests(so),
+                out_rows,
+                passes=self.passes,
+                gate_passes=self.passes - 1 if self.gate_on else 0,
+            )
             f.update(bytes_read=int(c.bytes_read), bytes_written=int(c.bytes_written), flops=float(c.flops))
         return f
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from vllm_fixtures import ROOT, plugin_missing_reason, vllm_missing_reason  # noqa: E402
+from vllm_fixtures import ROOT, plugin_missing_reason, vllm_missing_reason
 
 pytestmark = pytest.mark.skipif(
     bool(vllm_missing_reason() or plugin_missing_reason()),
@@ -54,8 +54,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, float], 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"T{t}-q{q}" for t, q in CASES])
 def test_vllm_forward_matches_plain_reference(served: dict, case: tuple[int, float]) -> None:
-    import torch
     import tiny_ouro
+    import torch
     from safetensors.torch import load_file
 
     d, res = served[case]

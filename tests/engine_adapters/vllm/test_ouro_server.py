@@ -9,7 +9,6 @@ bundle and what ``rltperf summary`` / ``rltperf report`` say of them.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import subprocess
@@ -24,13 +23,13 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import tiny_ouro  # noqa: E402
-from vllm_fixtures import ROOT, Load, Server, plugin_missing_reason, vllm_missing_reason  # noqa: E402
+import tiny_ouro
+from vllm_fixtures import ROOT, Load, Server, plugin_missing_reason, vllm_missing_reason
 
-from engine_adapters.definitions.records import Hello, StepRecord  # noqa: E402
-from engine_adapters.monitor.recording import read_all  # noqa: E402
-from rltperf_tui.aggregator import TargetStats  # noqa: E402
-from rltperf_tui.analysis import traces  # noqa: E402
+from engine_adapters.definitions.records import Hello, StepRecord
+from engine_adapters.monitor.recording import read_all
+from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.analysis import traces
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 _why = vllm_missing_reason() or plugin_missing_reason()
@@ -69,7 +68,7 @@ def ouro_run(ouro_server: Server, tmp_path_factory: pytest.TempPathFactory) -> d
     time.sleep(1.5)
     load = Load(ouro_server.url, conc=3, max_tokens=32)
     load.run(4.0)
-    out, err = recorder.communicate(timeout=60)
+    _out, err = recorder.communicate(timeout=60)
     assert recorder.returncode == 0, err[-2000:]
     # a 4-step capture through vLLM's profiler while clients keep sending
     stop = threading.Event()
@@ -84,7 +83,7 @@ def ouro_run(ouro_server: Server, tmp_path_factory: pytest.TempPathFactory) -> d
         stop.set()
         t.join(90)
     assert cap.returncode == 0, cap.stderr[-3000:]
-    meta, records = read_all(rec)
+    _meta, records = read_all(rec)
     return {"rec": rec, "records": records, "load": load, "capture": json.loads(cap.stdout)}
 
 
@@ -134,8 +133,13 @@ def test_capture_holds_four_steps_with_a_range_per_loop_pass(ouro_run: dict[str,
     assert scan.source == "vllm execute annotations" and scan.found == 4
     ranges = [s for s in traces.spans(tf.events) if s.name.startswith("loop[")]
     for st in scan.steps:
-        inside = sorted((r for r in ranges if r.ts >= st.span.ts and r.end <= st.span.end + 1), key=lambda r: r.ts)
-        assert [r.name for r in inside] == [f"loop[{t}]" for t in range(PASSES)], (st.index, [r.name for r in inside])
+        inside = sorted(
+            (r for r in ranges if r.ts >= st.span.ts and r.end <= st.span.end + 1), key=lambda r: r.ts
+        )
+        assert [r.name for r in inside] == [f"loop[{t}]" for t in range(PASSES)], (
+            st.index,
+            [r.name for r in inside],
+        )
 
 
 def test_summary_and_report_show_per_depth_time_and_exits(ouro_run: dict[str, Any]) -> None:

@@ -57,11 +57,16 @@ def build_tokenizer(dest: Path) -> Any:
     return fast
 
 
-def config_dict(vocab: int, total_ut_steps: int, threshold: float, bos: int, eos: int, pad: int) -> dict[str, Any]:
+def config_dict(
+    vocab: int, total_ut_steps: int, threshold: float, bos: int, eos: int, pad: int
+) -> dict[str, Any]:
     """An Ouro ``config.json`` of the tiny shape (keys as in ByteDance/Ouro-1.4B's)."""
     return {
         "architectures": ["OuroForCausalLM"],
-        "auto_map": {"AutoConfig": "configuration_ouro.OuroConfig", "AutoModelForCausalLM": "modeling_ouro.OuroForCausalLM"},
+        "auto_map": {
+            "AutoConfig": "configuration_ouro.OuroConfig",
+            "AutoModelForCausalLM": "modeling_ouro.OuroForCausalLM",
+        },
         "model_type": "ouro",
         "vocab_size": vocab,
         "hidden_size": HIDDEN,
@@ -104,7 +109,12 @@ def random_weights(vocab: int, seed: int = 0, gate_scale: float = 4.0) -> dict[s
         w[p + "mlp.gate_proj.weight"] = r(FFN, HIDDEN)
         w[p + "mlp.up_proj.weight"] = r(FFN, HIDDEN)
         w[p + "mlp.down_proj.weight"] = r(HIDDEN, FFN)
-        for n in ("input_layernorm", "input_layernorm_2", "post_attention_layernorm", "post_attention_layernorm_2"):
+        for n in (
+            "input_layernorm",
+            "input_layernorm_2",
+            "post_attention_layernorm",
+            "post_attention_layernorm_2",
+        ):
             w[p + n + ".weight"] = 1.0 + r(HIDDEN, scale=0.1)
     w["model.norm.weight"] = 1.0 + r(HIDDEN, scale=0.1)
     w["model.early_exit_gate.weight"] = r(1, HIDDEN, scale=gate_scale / math.sqrt(HIDDEN))
@@ -122,7 +132,9 @@ def build(
     dest.mkdir(parents=True, exist_ok=True)
     fast = build_tokenizer(dest)
     vocab = len(fast)
-    cfg = config_dict(vocab, total_ut_steps, threshold, fast.bos_token_id, fast.eos_token_id, fast.pad_token_id)
+    cfg = config_dict(
+        vocab, total_ut_steps, threshold, fast.bos_token_id, fast.eos_token_id, fast.pad_token_id
+    )
     (dest / "config.json").write_text(json.dumps(cfg, indent=1))
     if weights:
         from safetensors.torch import save_file
@@ -167,7 +179,9 @@ def reference_logits(w: dict[str, Any], ids: list[int], total_ut_steps: int, thr
             att = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, HEADS * d)
             x = x + rms(att @ w[p + "self_attn.o_proj.weight"].T, p + "input_layernorm_2.weight")
             m = rms(x, p + "post_attention_layernorm.weight")
-            m = (torch.nn.functional.silu(m @ w[p + "mlp.gate_proj.weight"].T) * (m @ w[p + "mlp.up_proj.weight"].T))
+            m = torch.nn.functional.silu(m @ w[p + "mlp.gate_proj.weight"].T) * (
+                m @ w[p + "mlp.up_proj.weight"].T
+            )
             x = x + rms(m @ w[p + "mlp.down_proj.weight"].T, p + "post_attention_layernorm_2.weight")
         x = rms(x, "model.norm.weight")
         states.append(x)
@@ -177,7 +191,12 @@ def reference_logits(w: dict[str, Any], ids: list[int], total_ut_steps: int, thr
         for j in range(n):
             cum, left = 0.0, 1.0
             for t in range(total_ut_steps - 1):
-                lam = float(torch.sigmoid(states[t][j] @ w["model.early_exit_gate.weight"][0] + w["model.early_exit_gate.bias"][0]))
+                lam = float(
+                    torch.sigmoid(
+                        states[t][j] @ w["model.early_exit_gate.weight"][0]
+                        + w["model.early_exit_gate.bias"][0]
+                    )
+                )
                 cum += lam * left
                 left *= 1.0 - lam
                 if cum >= threshold:
@@ -202,7 +221,9 @@ def vllm_prompt_logprobs(dirs: list[str]) -> dict[str, Any]:
         ids = tok(PROMPT)["input_ids"]
         vocab = len(tok)
         llm = LLM(model=d, dtype="float32", enforce_eager=True, max_model_len=256, max_logprobs=vocab, seed=0)
-        res = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=vocab, temperature=0))
+        res = llm.generate(
+            [{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=vocab, temperature=0)
+        )
         rows = []
         for j, row in enumerate(res[0].prompt_logprobs or []):
             if j == 0 or row is None:
@@ -241,7 +262,11 @@ def start_ouro_server(root: Path, hf_overrides: dict[str, Any] | None = None, ex
                TMPDIR=str(tmp), RLTPERF_PROBE=probe,
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))  # fmt: skip
     env.update(extra_env or {})
-    profiler_config = {"profiler": "torch", "torch_profiler_dir": str(prof), "torch_profiler_with_stack": False}
+    profiler_config = {
+        "profiler": "torch",
+        "torch_profiler_dir": str(prof),
+        "torch_profiler_with_stack": False,
+    }
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
@@ -268,7 +293,9 @@ def start_ouro_server(root: Path, hf_overrides: dict[str, Any] | None = None, ex
             pass
         time.sleep(1.0)
     server.stop()
-    raise RuntimeError(f"vLLM did not answer /health within {START_TIMEOUT_S:.0f} s:\n{server.log_text()[-3000:]}")
+    raise RuntimeError(
+        f"vLLM did not answer /health within {START_TIMEOUT_S:.0f} s:\n{server.log_text()[-3000:]}"
+    )
 
 
 if __name__ == "__main__":

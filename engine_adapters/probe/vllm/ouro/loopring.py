@@ -45,7 +45,9 @@ _SEQ, _T0, _T1, _TOK, _ROWS, _PASSES, _LOGITS = range(_FIXED)
 
 def default_path() -> str:
     """Where a ring for this process tree goes: ``/dev/shm`` when present."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    base = (
+        "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    )
     return os.path.join(base, f"rltperf-loops-{os.getpid()}.ring")
 
 

@@ -160,7 +160,7 @@ def _output_rows() -> Any:
 
         if not is_forward_context_available():
             return None
-        md = get_forward_context().attn_metadata
+        md: Any = get_forward_context().attn_metadata
         if isinstance(md, list):
             md = md[0] if md else None
         if isinstance(md, dict):
@@ -268,12 +268,11 @@ class OuroModel(nn.Module):
         self.layers = nn.ModuleList(
             [OuroDecoderLayer(config, quant_config, f"{prefix}.layers.{i}") for i in range(n_layers)]
         )
-        a = self.layers[0].self_attn
+        a: Any = self.layers[0].self_attn
         # one Attention (one KV cache) per (pass, layer); the name holds one integer t*L+i
         self.loop_attn = nn.ModuleList(
             [
-                Attention(a.num_heads, a.head_dim, a.scaling, num_kv_heads=a.num_kv_heads, cache_config=cache_config,
-                          quant_config=quant_config, prefix=f"{prefix}.loop_attn.{k}")  # fmt: skip
+                self._attention(a, cache_config, quant_config, f"{prefix}.loop_attn.{k}")
                 for k in range(self.passes * n_layers)
             ]
         )
@@ -281,6 +280,13 @@ class OuroModel(nn.Module):
         self.early_exit_gate = nn.Linear(config.hidden_size, 1, bias=True)
         # created now, before the engine core's tap opens the ring
         self.recorder = _make_recorder(self.passes, torch.device(vllm_config.device_config.device or "cpu"))
+
+    @staticmethod
+    def _attention(a: OuroAttention, cache_config: Any, quant_config: Any, prefix: str) -> Attention:
+        return Attention(
+            a.num_heads, a.head_dim, a.scaling, num_kv_heads=a.num_kv_heads, cache_config=cache_config,
+            quant_config=quant_config, prefix=prefix,
+        )  # fmt: skip
 
     def forward(
         self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors: Any = None,
@@ -290,10 +296,10 @@ class OuroModel(nn.Module):
         rec = self.recorder
         if rec is not None:
             rec.begin(int(h.shape[0]))
-        T, L, q = self.passes, len(self.layers), self.threshold
+        T, L, q = self.passes, len(self.layers), float(self.threshold or 1.0)
         prof = torch.autograd._profiler_enabled()
         depth: torch.Tensor | None = None
-        if q is not None:
+        if self.threshold is not None:
             n = h.shape[0]
             remaining = torch.ones(n, dtype=torch.float32, device=h.device)
             cdf = torch.zeros_like(remaining)
@@ -328,7 +334,10 @@ class OuroModel(nn.Module):
 class OuroForCausalLM(nn.Module):
     """vLLM's entry class for ``architectures: ["OuroForCausalLM"]``."""
 
-    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    packed_modules_mapping = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
@@ -374,7 +383,7 @@ class OuroForCausalLM(nn.Module):
                     target = name.replace(part, packed)
                     p = params.get(target)
                     if p is not None:
-                        p.weight_loader(p, w, shard)  # type: ignore[operator]
+                        p.weight_loader(p, w, shard)  # type: ignore[attr-defined]
                         loaded.add(target)
                     break
             else:
