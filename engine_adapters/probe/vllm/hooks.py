@@ -492,7 +492,7 @@ class Tap:
         if pre:
             facts["preempted"] = len(pre)
         if self.loops is not None:
-            facts.update(self.loops.facts(st.start, so, used, st.batch))
+            facts.update(self.loops.facts(so, used, st.batch))
         if self.profiling:
             facts["flags"] = FLAG_PROFILED
         st.set(**facts)
@@ -529,6 +529,9 @@ def attach(core: Any, listen: str) -> Tap | None:
             getattr(core.vllm_config.model_config, "hf_text_config", None) or hf
         ) or _loop_count(hf)
     info = engine_info(core, loops)
+    from engine_adapters.probe.vllm.loops import loop_config
+
+    info["loop_config"] = loop_config(core, loops) or info["loop_config"]
     addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     probe = Probe(
         addr,

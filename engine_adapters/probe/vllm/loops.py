@@ -3,8 +3,8 @@
 Filled into each step record by ``hooks.Tap._finish`` (in the engine core):
 
 - ``loop_ns`` / ``loop_tokens`` / ``exit_hist`` and ``busy_ns``: from the records the
-  model wrote into the loop ring (``ouro/loopring.py``) for the forwards that started
-  inside the step (normally one).  ``busy_ns`` is the model's forward plus its LM head
+  model wrote into the loop ring (``ouro/loopring.py``) since the last step (on the CPU
+  the step's own forward; on CUDA the forwards whose events completed).  ``busy_ns`` is the model's forward plus its LM head
   (``compute_logits``): the device's busy time on a CPU server, so idle is a number.
 - ``kv_per_depth``: every pass keeps KV for every token (one cache per pass and layer,
   one block table), so each depth holds the step's ``kv_used`` blocks.
@@ -40,6 +40,21 @@ def _requests(so: Any) -> list[tuple[int, int]]:
     return [(int(q), ctx.get(rid, 0)) for rid, q in n.items()]
 
 
+def loop_config(core: Any, loops: int | None) -> str | None:
+    """The Hello's ``loop_config`` for Ouro (passes, exit threshold, exit form); None otherwise."""
+    mc = core.vllm_config.model_config
+    if ARCH not in list(getattr(mc.hf_config, "architectures", None) or []):
+        return None
+    hf = getattr(mc, "hf_text_config", None) or mc.hf_config
+    q = getattr(hf, "early_exit_threshold", None)
+    gate = (
+        f"exit gate q={q:g}"
+        if q is not None and float(q) < 1.0 and (loops or 1) > 1
+        else "no early exit (q=1)"
+    )
+    return f"Ouro: {loops or 1} passes over the layers (total_ut_steps), {gate}, select form (all passes run)"
+
+
 class LoopFacts:
     """Loop ring reader and cost shape of one engine core's model."""
 
@@ -57,11 +72,14 @@ class LoopFacts:
         if self.reader is not None:
             self.reader.open()  # the model was built and warmed up before the engine core's loop
 
-    def facts(self, step_start_ns: int, so: Any, kv_used: int | None, out_rows: int) -> dict[str, Any]:
-        """The loop facts of the step that started at ``step_start_ns`` and completed ``so``."""
+    def facts(self, so: Any, kv_used: int | None, out_rows: int) -> dict[str, Any]:
+        """The loop facts of the step that completed ``so`` (None: nothing completed)."""
         f: dict[str, Any] = {}
         if self.reader is not None:
-            recs = [r for r in self.reader.read_new() if r.start_ns >= step_start_ns]
+            # every record since the last step: on the CPU the forward(s) of this step; on
+            # CUDA forwards whose events completed, a few steps late (as the reference
+            # engine's loop events: the windows average them)
+            recs = self.reader.read_new()
             if recs:
                 d = max(r.passes for r in recs)
                 loop_ns, loop_tok, hist = [0] * d, [0] * d, [0] * d
