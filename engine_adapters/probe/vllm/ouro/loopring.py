@@ -22,6 +22,7 @@ writer off (the model then records nothing; used to measure its cost).
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from dataclasses import dataclass
@@ -75,37 +76,41 @@ class RingWriter:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        with open(path, "wb") as f:
+        with open(path, "w+b") as f:
             f.truncate(_words() * 8)
-        self.mm: Any = np.memmap(path, dtype=np.int64, mode="r+", shape=(_words(),))
+            self._map = mmap.mmap(f.fileno(), _words() * 8)
+        # a plain ndarray over the mapping (np.memmap's per-slice objects cost µs per store)
+        self.mm: Any = np.frombuffer(self._map, dtype=np.int64)
         self.mm[1:6] = (VERSION, 0, SLOTS, SLOT_WORDS, MAX_DEPTH)
         self.mm[0] = MAGIC
+        self.buf = np.zeros(SLOT_WORDS, dtype=np.int64)
         self.seq = 0
 
     def write(
-        self, start_ns: int, end_ns: int, tokens: int, rows: int, loop_ns: list[int], loop_tokens: list[int],
-        exit_hist: list[int],
+        self, start_ns: int, end_ns: int, tokens: int, rows: int, loop_ns: Any, loop_tokens: Any, exit_hist: Any,
     ) -> None:  # fmt: skip
-        """Append one forward's record."""
+        """Append one forward's record (the per-depth arguments: sequences of ints or int arrays)."""
         seq = self.seq + 1
         off = HEADER + (seq % SLOTS) * SLOT_WORDS
-        s = self.mm[off : off + SLOT_WORDS]
-        s[_SEQ] = 0  # invalid while being written
+        b = self.buf
         n = min(len(loop_ns), MAX_DEPTH)
-        s[_T0], s[_T1], s[_TOK], s[_ROWS], s[_PASSES], s[_LOGITS] = start_ns, end_ns, tokens, rows, n, 0
-        b = _FIXED
-        s[b : b + n] = loop_ns[:n]
-        s[b + MAX_DEPTH : b + MAX_DEPTH + n] = loop_tokens[:n]
-        s[b + 2 * MAX_DEPTH : b + 2 * MAX_DEPTH + n] = exit_hist[:n]
-        s[_SEQ] = seq
-        self.mm[2] = seq
+        b[_SEQ] = seq
+        b[_T0], b[_T1], b[_TOK], b[_ROWS], b[_PASSES], b[_LOGITS] = start_ns, end_ns, tokens, rows, n, 0
+        f = _FIXED
+        b[f : f + n] = loop_ns[:n]
+        b[f + MAX_DEPTH : f + MAX_DEPTH + n] = loop_tokens[:n]
+        b[f + 2 * MAX_DEPTH : f + 2 * MAX_DEPTH + n] = exit_hist[:n]
+        mm = self.mm
+        mm[off + _SEQ] = 0  # invalid while being written
+        mm[off + 1 : off + SLOT_WORDS] = b[1:]
+        mm[off + _SEQ] = seq
+        mm[2] = seq
         self.seq = seq
 
     def add_logits(self, ns: int) -> None:
         """Add the LM head's time to the last record (``compute_logits`` runs after ``forward``)."""
         if self.seq:
-            off = HEADER + (self.seq % SLOTS) * SLOT_WORDS
-            self.mm[off + _LOGITS] += ns
+            self.mm[HEADER + (self.seq % SLOTS) * SLOT_WORDS + _LOGITS] += ns
 
     def close(self) -> None:
         """Drop the mapping (the reader removes the file)."""

@@ -42,6 +42,7 @@ from collections.abc import Iterable
 from time import perf_counter_ns as _clk
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from vllm.config import VllmConfig
@@ -153,8 +154,8 @@ class OuroDecoderLayer(nn.Module):
         return h + self.post_attention_layernorm_2(m)
 
 
-def _output_rows() -> Any:
-    """Indices of the rows whose logits are computed (each request's last token), or None."""
+def _query_start_loc() -> Any:
+    """The batch's ``query_start_loc`` (requests' token offsets) from the forward context, or None."""
     try:
         from vllm.forward_context import get_forward_context, is_forward_context_available
 
@@ -166,9 +167,7 @@ def _output_rows() -> Any:
         if isinstance(md, dict):
             md = next(iter(md.values()), None)
         qsl = getattr(md, "query_start_loc", None)
-        if qsl is None or qsl.numel() < 2:
-            return None
-        return qsl[1:] - 1
+        return qsl if qsl is not None and qsl.numel() >= 2 else None
     except Exception:
         return None
 
@@ -209,16 +208,18 @@ class LoopRecorder:
             self.stamps[t + 1] = _clk()
 
     def end(self, depth: torch.Tensor | None) -> None:
+        """After the last pass: the exit histogram of the rows that get logits (each
+        request's last token), and the record.  ``depth`` None: every token ran to the end."""
         if not self.active:
             return
         T = self.passes
-        rows = _output_rows()
-        n_rows = int(rows.numel()) if rows is not None else 0
-        if depth is not None and rows is not None and n_rows:
-            hist_t = torch.bincount(depth.index_select(0, rows.to(depth.device)), minlength=T + 1)[1 : T + 1]
-        else:
-            hist_t = None
+        qsl = _query_start_loc()
+        n_rows = int(qsl.numel()) - 1 if qsl is not None else 0
         if self.cuda:
+            hist_t = None
+            if depth is not None and qsl is not None and n_rows:
+                rows = (qsl[1:] - 1).to(device=depth.device, dtype=torch.long)
+                hist_t = torch.bincount(depth.index_select(0, rows), minlength=T + 1)[1 : T + 1]
             host = hist_t.to("cpu", non_blocking=True) if hist_t is not None else None
             done = torch.cuda.Event()
             done.record()
@@ -228,7 +229,11 @@ class LoopRecorder:
             return
         s = self.stamps
         loop_ns = [s[t + 1] - s[t] for t in range(T)]
-        hist = hist_t.tolist() if hist_t is not None else [0] * (T - 1) + [n_rows]
+        if depth is not None and n_rows:
+            # CPU tensors: numpy views, no copies (a few µs, not torch's per-op overhead)
+            hist: Any = np.bincount(depth.numpy()[qsl.numpy()[1:] - 1], minlength=T + 1)[1 : T + 1]
+        else:
+            hist = [0] * (T - 1) + [n_rows]
         self.writer.write(self.t_start, _clk(), self.n, n_rows, loop_ns, [self.n] * T, hist)
 
     def _resolve(self) -> None:
@@ -327,7 +332,14 @@ class OuroModel(nn.Module):
             if rec is not None:
                 rec.mark(t)
         if rec is not None:
-            rec.end(depth)
+            try:
+                rec.end(depth)
+            except Exception as exc:  # bookkeeping never breaks serving: stop recording
+                self.recorder = None
+                import logging
+
+                logging.getLogger("vllm.rltperf").warning("rltperf: Ouro loop recording stopped (%s: %s)",
+                                                          type(exc).__name__, exc)  # fmt: skip
         return selected if depth is not None else h
 
 
