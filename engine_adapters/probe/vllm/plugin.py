@@ -20,8 +20,14 @@ queue, KV, speculative stats) and the request records::
     rltperf attach tcp://127.0.0.1:7788
 
 ``RLTPERF_ANNOUNCE=1`` alone only writes the server's announcement for monitors on this
-host (``announce.py``: profiler directory, dtype, device).  ``RLTPERF_TOKEN`` is required for a non-loopback address; ``RLTPERF_LOOP_COUNT`` corrects
-vLLM's byte/FLOP estimates for a looped model.  ``VLLM_PLUGINS`` can exclude the plugin.
+host (``announce.py``: profiler directory, dtype, device).  ``RLTPERF_TOKEN`` is required
+for a non-loopback address; ``RLTPERF_LOOP_COUNT`` corrects vLLM's byte/FLOP estimates
+for a looped model.  For Ouro the step records also carry per-loop time, tokens per
+pass, exits, KV per depth, busy time and bytes/FLOPs from the model's structure
+(``loops.py``): the model writes one record per forward into a ring file named by
+``RLTPERF_LOOP_RING`` (set here, inherited by the engine core and its workers);
+``RLTPERF_LOOP_TIMING=0`` turns that recording off.  ``VLLM_PLUGINS`` can exclude the
+plugin.
 What depends on vLLM's internals (and the supported version range) is in ``hooks.py``.
 """
 

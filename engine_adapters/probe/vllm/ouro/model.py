@@ -31,7 +31,10 @@ and the exit histogram of the output rows go to ``loopring`` when the rltperf pr
 enabled (``RLTPERF_PROBE``; off with ``RLTPERF_LOOP_TIMING=0``).  On CUDA the pass
 boundaries are CUDA events resolved a few forwards later (never a synchronisation);
 while a CUDA graph is being captured nothing is recorded, so under CUDA graphs per-pass
-timing and exits are n/a (serve with ``--enforce-eager`` to see them).
+timing and exits are n/a (serve with ``--enforce-eager`` to see them).  The exit
+histogram counts, per forward, each request's last scheduled token (the row that gets
+logits): a chunk of a long prompt split by chunked prefill, which produces no token, is
+counted too.
 """
 
 from __future__ import annotations
