@@ -36,7 +36,9 @@ def test_shares_scale_with_passes_and_prefill_keys_are_causal() -> None:
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "total_ut_steps": 4,
          "torch_dtype": "float32"}
     )  # fmt: skip
-    assert shape is not None and shape.passes == 4 and shape.bytes_per_elem == 4 and shape.norms_per_layer == 4
+    assert (
+        shape is not None and shape.passes == 4 and shape.bytes_per_elem == 4 and shape.norms_per_layer == 4
+    )
     assert keys_attended([(3, 0)]) == 1 + 2 + 3 and keys_attended([(1, 9), (2, 5)]) == 10 + 6 + 7
     one = step_cost(shape, [(5, 20)], out_rows=1, passes=1)
     four = step_cost(shape, [(5, 20)], out_rows=1, passes=4)
