@@ -32,7 +32,7 @@ SUMMARY_KEYS = (
     "steps", "wall_s", "baseline_s", "excluded_s", "step_ms", "gap_ms", "idle_fraction", "mbu",
     "tokens_per_s", "ttft_ms", "tpot_ms", "requests", "dropped", "peak", "achieved_gbps", "verdict",
     "steps_per_s", "stage_ms_mean", "goodput_rps", "profiled_steps", "excluded", "exit_hist",
-    "mean_exit_depth", "acceptance_rate", "mean_acceptance_len", "engine", "random_weights",
+    "mean_exit_depth", "loop_ms", "loop_tokens", "acceptance_rate", "mean_acceptance_len", "engine", "random_weights",
     "figures_from", "statistics", "metrics", "warning",
 )  # fmt: skip
 """The top-level keys of ``rltperf summary --json``: the same for every kind of target
