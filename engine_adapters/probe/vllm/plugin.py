@@ -19,8 +19,9 @@ queue, KV, speculative stats) and the request records::
     RLTPERF_PROBE=127.0.0.1:7788 vllm serve MODEL ...
     rltperf attach tcp://127.0.0.1:7788
 
-``RLTPERF_ANNOUNCE=1`` alone only writes the server's announcement for monitors on this
-host (``announce.py``: profiler directory, dtype, device).  ``RLTPERF_TOKEN`` is required
+Without ``RLTPERF_PROBE`` the plugin still writes the server's announcement for
+monitors on this host (``announce.py``: profiler directory, dtype, device, pids; one
+small file, removed when the server stops); ``RLTPERF_ANNOUNCE=0`` turns that off.  ``RLTPERF_TOKEN`` is required
 for a non-loopback address; ``RLTPERF_LOOP_COUNT`` corrects vLLM's byte/FLOP estimates
 for a looped model.  For Ouro the step records also carry per-loop time, tokens per
 pass, exits, KV per depth, busy time and bytes/FLOPs from the model's structure
@@ -69,7 +70,7 @@ def register() -> None:
         logging.getLogger("vllm.rltperf").warning("rltperf plugin: Ouro not registered (%s: %s)",
                                                   type(exc).__name__, exc)  # fmt: skip
     listen = os.environ.get(ENV, "").strip()
-    if listen or os.environ.get("RLTPERF_ANNOUNCE"):  # the server's announcement to monitors (announce.py)
+    if os.environ.get("RLTPERF_ANNOUNCE", "").strip() != "0":  # the server's announcement (announce.py)
         from engine_adapters.probe.vllm import announce
 
         announce.maybe_enable()
