@@ -313,7 +313,7 @@ def _metric_values(part_or_side: Any, key: str, q: float | None) -> float | None
     x = x[np.isfinite(x)]
     if x.size == 0:
         return None
-    return float(np.percentile(x, q)) if q is not None else float(x.mean())
+    return F.percentile(x, q) if q is not None else float(x.mean())
 
 
 def compare_recordings(

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_adapters.definitions import figures as F
 from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
 from rltperf_tui.analysis import traces as T
 from rltperf_tui.elide import elide
@@ -82,17 +83,14 @@ def find_trace(folder: str) -> tuple[str | None, list[str]]:
 
 
 def _pct(x: list[float] | np.ndarray) -> dict[str, float | None]:
+    """P50/P95/P99 of pooled samples (``figures.pct``), mean and max, rounded for the report."""
     a = np.asarray(x, dtype=np.float64)
     if a.size == 0:
         return {"p50": None, "p95": None, "p99": None, "mean": None, "max": None}
-    q = np.percentile(a, [50, 95, 99])
-    return {
-        "p50": round(float(q[0]), 4),
-        "p95": round(float(q[1]), 4),
-        "p99": round(float(q[2]), 4),
-        "mean": round(float(a.mean()), 4),
-        "max": round(float(a.max()), 4),
-    }
+    out: dict[str, float | None] = {k: round(v, 4) for k, v in F.pct(a).items() if v is not None}
+    out["mean"] = round(float(a.mean()), 4)
+    out["max"] = round(float(a.max()), 4)
+    return out
 
 
 @dataclass

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from engine_adapters.definitions import figures as F
+
 DEFAULT_RESAMPLES = 1000
 DEFAULT_ALPHA = 0.05
 DEFAULT_MIN_EFFECT = 0.05
@@ -121,7 +123,8 @@ def min_samples(q: float | None) -> int:
 
 
 def percentile_stat(q: float) -> Callable[[np.ndarray], np.ndarray]:
-    """A vectorised ``q``-th percentile along axis 1 (linear interpolation)."""
+    """A vectorised ``q``-th percentile along axis 1: ``figures.percentile`` of each
+    resample (row) at once, for the bootstrap."""
 
     def f(m: np.ndarray) -> np.ndarray:
         return np.percentile(m, q, axis=1)
@@ -349,8 +352,8 @@ def compare_stat(
         d = Diff(
             metric,
             unit,
-            float(np.percentile(a, q) if q is not None else a.mean()) if a.size else None,
-            float(np.percentile(b, q) if q is not None else b.mean()) if b.size else None,
+            (F.percentile(a, q) if q is not None else float(a.mean())) if a.size else None,
+            (F.percentile(b, q) if q is not None else float(b.mean())) if b.size else None,
             n_a=int(a.size),
             n_b=int(b.size),
         )
@@ -364,8 +367,8 @@ def compare_stat(
             d.rel = d.diff / abs(d.a) if d.a else None
         return d
     stat = percentile_stat(q) if q is not None else (lambda m: m.mean(axis=1))
-    va = float(np.percentile(a, q)) if q is not None else float(a.mean())
-    vb = float(np.percentile(b, q)) if q is not None else float(b.mean())
+    va = F.percentile(a, q) if q is not None else float(a.mean())
+    vb = F.percentile(b, q) if q is not None else float(b.mean())
     la = min(max(auto_block_length(a), min_block_a), max(1, a.size // 3)) if block else 1
     lb = min(max(auto_block_length(b), min_block_b), max(1, b.size // 3)) if block else 1
     ba = _boot_stat(a, stat, la, resamples, rng)
@@ -565,7 +568,7 @@ def segment_values(x: np.ndarray, q: float | None, k: int = 4) -> list[float] | 
     k = min(k, x.size // per)
     if k < 2:
         return None
-    f = (lambda v: float(np.percentile(v, q))) if q is not None else (lambda v: float(v.mean()))
+    f = (lambda v: F.percentile(v, q)) if q is not None else (lambda v: float(v.mean()))
     return [f(c) for c in np.array_split(x, k)]
 
 
