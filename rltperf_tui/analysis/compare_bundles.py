@@ -51,31 +51,6 @@ def compare_bundles(a_path: str, b_path: str, top: int = 20) -> dict[str, Any]:
     na = ra.get("steps_found") or 1
     nb = rb.get("steps_found") or 1
 
-    def op_rows(oa: list[Any], ob: list[Any]) -> list[dict[str, Any]]:
-        ma = {o.name: o for o in oa}
-        mb = {o.name: o for o in ob}
-        rows = []
-        for name in set(ma) | set(mb):
-            x, y = ma.get(name), mb.get(name)
-            sa = x.self_us / 1e3 / na if x else 0.0
-            sb = y.self_us / 1e3 / nb if y else 0.0
-            ka = x.count / na if x else 0.0
-            kb = y.count / nb if y else 0.0
-            rows.append(
-                {
-                    "name": name,
-                    "a_ms_per_step": round(sa, 5),
-                    "b_ms_per_step": round(sb, 5),
-                    "diff_ms_per_step": round(sb - sa, 5),
-                    "a_count_per_step": round(ka, 3),
-                    "b_count_per_step": round(kb, 3),
-                    "diff_count_per_step": round(kb - ka, 3),
-                    "only_in": "A" if y is None else "B" if x is None else None,
-                }
-            )
-        rows.sort(key=lambda r: abs(r["diff_ms_per_step"]), reverse=True)
-        return rows[:top]
-
     stages = {}
     for name in list(ra["stage_ms"]) + [n for n in rb["stage_ms"] if n not in ra["stage_ms"]]:
         sa = (ra["stage_ms"].get(name) or {}).get("mean")
@@ -107,9 +82,38 @@ def compare_bundles(a_path: str, b_path: str, top: int = 20) -> dict[str, Any]:
         "step_ms": {"a": ra["step_ms"], "b": rb["step_ms"]},
         "stages_ms_mean": stages,
         "idle_fraction": {"a": ia, "b": ib, "diff": (ib - ia) if ia is not None and ib is not None else None},
-        "host_ops": op_rows(A.host_ops, B.host_ops),
-        "device_ops": op_rows(A.device_ops, B.device_ops) if (A.device_ops or B.device_ops) else None,
+        "host_ops": _op_rows(A.host_ops, B.host_ops, na, nb, top),
+        "device_ops": _op_rows(A.device_ops, B.device_ops, na, nb, top)
+        if (A.device_ops or B.device_ops)
+        else None,
         "warnings": warnings,
         "scope": SCOPE,
         "_analyses": (A, B),
     }
+
+
+def _op_rows(oa: list[Any], ob: list[Any], na: int, nb: int, top: int) -> list[dict[str, Any]]:
+    """Operators of A and B per step (self time, count), largest |difference| first."""
+    ma = {o.name: o for o in oa}
+    mb = {o.name: o for o in ob}
+    rows = []
+    for name in set(ma) | set(mb):
+        x, y = ma.get(name), mb.get(name)
+        sa = x.self_us / 1e3 / na if x else 0.0
+        sb = y.self_us / 1e3 / nb if y else 0.0
+        ka = x.count / na if x else 0.0
+        kb = y.count / nb if y else 0.0
+        rows.append(
+            {
+                "name": name,
+                "a_ms_per_step": round(sa, 5),
+                "b_ms_per_step": round(sb, 5),
+                "diff_ms_per_step": round(sb - sa, 5),
+                "a_count_per_step": round(ka, 3),
+                "b_count_per_step": round(kb, 3),
+                "diff_count_per_step": round(kb - ka, 3),
+                "only_in": "A" if y is None else "B" if x is None else None,
+            }
+        )
+    rows.sort(key=lambda r: abs(r["diff_ms_per_step"]), reverse=True)
+    return rows[:top]

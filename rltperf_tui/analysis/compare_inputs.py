@@ -154,44 +154,13 @@ def _series_part(
     step_ms = (end - start)[keep] / 1e6
     consec = (np.diff(ids) == 1) & keep[1:] & keep[:-1]
     gap_ms = ((start[1:] - end[:-1]) / 1e6)[consec] if ids.size > 1 else np.zeros(0)
-    # requests overlapping an excluded step are excluded too
     R = stats.reqs
-    arr = R.last("arrival").astype(np.int64)
-    fin = R.last("finish").astype(np.int64)
     ok = R.last("ok")
     ttft = R.last("ttft") / 1e6
     tpot = R.last("tpot") / 1e6
-    rkeep = np.ones(arr.size, dtype=bool)
-    if (~keep).any() and arr.size:
-        ps, pe = start[~keep], end[~keep]
-        order = np.argsort(pe)
-        ps, pe = ps[order], pe[order]
-        j = np.searchsorted(pe, arr, side="right")
-        inb = j < pe.size
-        rkeep[inb] = ~(ps[j[inb]] < fin[inb])
+    rkeep = _requests_kept(R.last("arrival"), R.last("finish"), start, end, keep)
     k = int(keep.sum())
-    # Time is the recording's wall time, tiled by the steps (each owns the time since the
-    # previous step's end; engine_adapters.definitions.figures): excluded steps take theirs out, and
-    # the quiet tail after the last step belongs to the last block.
-    w0, w1 = stats.window_bounds(None)
-    owned = (end - F.owned_from(start, end, w0)).astype(np.float64)
-    if end.size:
-        owned[-1] += max(0, w1 - int(end[-1]))
-    owned_k = owned[keep]
-    span_s = float(owned_k.sum()) / 1e9
-    blk = max(S.block_length(k), math.ceil(block_s * k / span_s)) if span_s > 0 else S.block_length(k)
-    blk = min(blk, max(1, k // 3))
-    bs = S.block_sums(
-        start[keep],
-        end[keep],
-        St.last("out_tokens")[keep].astype(np.float64),
-        St.last("busy")[keep],
-        St.last("bytes")[keep],
-        blk,
-    )
-    if k:  # the blocks' spans: their steps' owned time (block_sums measures start to start)
-        cuts = np.arange(0, k, blk)
-        bs.span_s = np.add.reduceat(owned_k, cuts) / 1e9
+    owned_k, span_s, blk, bs = _time_blocks(stats, start, end, keep, block_s)
     stages = St.last("stages")[keep]
     exits = St.last("exit")[keep].sum(axis=0)
     nbytes = St.last("bytes")[keep]
@@ -242,6 +211,56 @@ def _series_part(
             f"(and {part['requests_excluded']} requests overlapping them)"
         )
     return part, header, stats.info, stats.ceiling, list(stats.stage_names), "; ".join(warns) or None
+
+
+def _requests_kept(
+    arrival: np.ndarray, finish: np.ndarray, start: np.ndarray, end: np.ndarray, keep: np.ndarray
+) -> np.ndarray:
+    """True for each request overlapping no excluded step (its start to its end)."""
+    arr = arrival.astype(np.int64)
+    fin = finish.astype(np.int64)
+    rkeep = np.ones(arr.size, dtype=bool)
+    if (~keep).any() and arr.size:
+        ps, pe = start[~keep], end[~keep]
+        order = np.argsort(pe)
+        ps, pe = ps[order], pe[order]
+        j = np.searchsorted(pe, arr, side="right")
+        inb = j < pe.size
+        rkeep[inb] = ~(ps[j[inb]] < fin[inb])
+    return rkeep
+
+
+def _time_blocks(
+    stats: Any, start: np.ndarray, end: np.ndarray, keep: np.ndarray, block_s: float
+) -> tuple[np.ndarray, float, int, S.BlockSums]:
+    """The baseline steps' owned time, its total (s), the block length in steps and the
+    block sums for the ratio metrics.
+
+    Time is the recording's wall time, tiled by the steps (each owns the time since the
+    previous step's end; engine_adapters.definitions.figures): excluded steps take theirs
+    out, and the quiet tail after the last step belongs to the last block."""
+    St = stats.steps
+    k = int(keep.sum())
+    w0, w1 = stats.window_bounds(None)
+    owned = (end - F.owned_from(start, end, w0)).astype(np.float64)
+    if end.size:
+        owned[-1] += max(0, w1 - int(end[-1]))
+    owned_k = owned[keep]
+    span_s = float(owned_k.sum()) / 1e9
+    blk = max(S.block_length(k), math.ceil(block_s * k / span_s)) if span_s > 0 else S.block_length(k)
+    blk = min(blk, max(1, k // 3))
+    bs = S.block_sums(
+        start[keep],
+        end[keep],
+        St.last("out_tokens")[keep].astype(np.float64),
+        St.last("busy")[keep],
+        St.last("bytes")[keep],
+        blk,
+    )
+    if k:  # the blocks' spans: their steps' owned time (block_sums measures start to start)
+        cuts = np.arange(0, k, blk)
+        bs.span_s = np.add.reduceat(owned_k, cuts) / 1e9
+    return owned_k, span_s, blk, bs
 
 
 def load_side(

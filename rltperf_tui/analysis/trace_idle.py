@@ -12,6 +12,7 @@ from rltperf_tui.analysis.trace_steps import (
     DEVICE_CATS,
     HOST_OP_CATS,
     LAUNCH_CATS,
+    Span,
     StepScan,
     scan_steps,
     spans,
@@ -137,6 +138,97 @@ def _classify(
     return busy, host, kern, other, idle
 
 
+@dataclass
+class _Busy:
+    """Busy time and idle gaps of one basis (devices, or the engine thread), trace µs."""
+
+    busy: float
+    host: float
+    kernel: float | None
+    """Kernel wait; None where not defined (CPU-only)."""
+    other: float | None
+    idle_iv: list[tuple[float, float]]
+    scale: int
+    """Devices the figures are a mean over (idle intervals of all of them are pooled)."""
+    basis: str
+    note: str
+    per: list[dict[str, Any]]
+
+
+def _device_busy(
+    events: list[dict[str, Any]],
+    dev: list[Span],
+    w0: float,
+    w1: float,
+    win_us: float,
+    kernel_wait_threshold_us: float,
+) -> _Busy:
+    """Device activity: the union of kernel/memcpy/memset intervals per device, gaps
+    classified by their launch time (the mean over devices)."""
+    launches: dict[Any, float] = {}
+    for s in spans(events, LAUNCH_CATS):
+        c = s.args.get("correlation")
+        if c is not None and c not in launches:
+            launches[c] = s.ts
+    by_dev: dict[Any, list[tuple[float, float, float | None]]] = defaultdict(list)
+    for s in dev:
+        d = s.args.get("device", s.pid)
+        by_dev[d].append((s.ts, s.end, launches.get(s.args.get("correlation"))))
+    per: list[dict[str, Any]] = []
+    tot = [0.0, 0.0, 0.0, 0.0]
+    idle_all: list[tuple[float, float]] = []
+    for d in sorted(by_dev, key=str):
+        busy, host, kern, other, idle_d = _classify(by_dev[d], w0, w1, kernel_wait_threshold_us)
+        per.append(
+            {
+                "device": f"cuda:{d}" if isinstance(d, int) else str(d),
+                "busy_s": round(busy / 1e6, 6),
+                "idle_fraction": round(1 - busy / win_us, 6) if win_us else None,
+                "host_wait_s": round(host / 1e6, 6),
+                "kernel_wait_s": round(kern / 1e6, 6),
+                "other_s": round(other / 1e6, 6),
+                "activities": len(by_dev[d]),
+            }
+        )
+        for i, v in enumerate((busy, host, kern, other)):
+            tot[i] += v
+        idle_all.extend(idle_d)
+    n = len(by_dev)
+    busy, host, kern, other = (v / n for v in tot)
+    basis = "device activity"
+    note = (
+        "device idle = window minus the union of kernel/memcpy/memset intervals; gaps split as "
+        "Holistic Trace Analysis does (host wait: launched after the device went idle; kernel wait: "
+        f"queued and gap < {kernel_wait_threshold_us:g} µs; other: queued, longer gap)"
+        + (f"; figures are the mean over {n} devices" if n > 1 else "")
+    )
+    return _Busy(busy, host, kern, other, idle_all, n, basis, note, per)
+
+
+def _thread_busy(
+    events: list[dict[str, Any]], scan: StepScan, w0: float, w1: float, kernel_wait_threshold_us: float
+) -> _Busy:
+    """CPU-only: the union of operator intervals on the engine thread (every gap host wait)."""
+    ops = spans(events, HOST_OP_CATS)
+    thread = scan.engine_thread
+    if thread is None and ops:
+        tot_by: dict[tuple[Any, Any], float] = defaultdict(float)
+        for s in ops:
+            tot_by[(s.pid, s.tid)] += s.dur
+        thread = max(tot_by, key=lambda k: tot_by[k])
+    mine: list[tuple[float, float, float | None]] = [
+        (s.ts, s.end, s.ts) for s in ops if (s.pid, s.tid) == thread
+    ]
+    busy, host, _k, _o, idle_iv = _classify(mine, w0, w1, kernel_wait_threshold_us)
+    basis = "engine-thread operators"
+    note = (
+        "CPU-only trace: no device timeline. Busy = the union of operator intervals on the engine "
+        "thread; operators run synchronously there, so every gap is host wait by HTA's rule and "
+        "kernel wait / other are not defined (None, not zero)"
+    )
+    return _Busy(busy, host, None, None, idle_iv, 1, basis, note, [])
+
+
 def idle_breakdown(
     events: list[dict[str, Any]],
     scan: StepScan | None = None,
@@ -161,89 +253,32 @@ def idle_breakdown(
     win_us = max(0.0, w1 - w0)
     step_iv = _merge([(st.span.ts, st.span.end) for st in scan.steps if st.span is not st.cycle]) or None
 
-    if dev:
-        launches: dict[Any, float] = {}
-        for s in spans(events, LAUNCH_CATS):
-            c = s.args.get("correlation")
-            if c is not None and c not in launches:
-                launches[c] = s.ts
-        by_dev: dict[Any, list[tuple[float, float, float | None]]] = defaultdict(list)
-        for s in dev:
-            d = s.args.get("device", s.pid)
-            by_dev[d].append((s.ts, s.end, launches.get(s.args.get("correlation"))))
-        per: list[dict[str, Any]] = []
-        tot = [0.0, 0.0, 0.0, 0.0]
-        idle_all: list[tuple[float, float]] = []
-        for d in sorted(by_dev, key=str):
-            busy, host, kern, other, idle_d = _classify(by_dev[d], w0, w1, kernel_wait_threshold_us)
-            per.append(
-                {
-                    "device": f"cuda:{d}" if isinstance(d, int) else str(d),
-                    "busy_s": round(busy / 1e6, 6),
-                    "idle_fraction": round(1 - busy / win_us, 6) if win_us else None,
-                    "host_wait_s": round(host / 1e6, 6),
-                    "kernel_wait_s": round(kern / 1e6, 6),
-                    "other_s": round(other / 1e6, 6),
-                    "activities": len(by_dev[d]),
-                }
-            )
-            for i, v in enumerate((busy, host, kern, other)):
-                tot[i] += v
-            idle_all.extend(idle_d)
-        n = len(by_dev)
-        busy, host, kern, other = (v / n for v in tot)
-        basis = "device activity"
-        note = (
-            "device idle = window minus the union of kernel/memcpy/memset intervals; gaps split as "
-            "Holistic Trace Analysis does (host wait: launched after the device went idle; kernel wait: "
-            f"queued and gap < {kernel_wait_threshold_us:g} µs; other: queued, longer gap)"
-            + (f"; figures are the mean over {n} devices" if n > 1 else "")
-        )
-        kern_o: float | None = kern
-        other_o: float | None = other
-        idle_iv = idle_all
-        scale = n
-    else:
-        ops = spans(events, HOST_OP_CATS)
-        thread = scan.engine_thread
-        if thread is None and ops:
-            tot_by: dict[tuple[Any, Any], float] = defaultdict(float)
-            for s in ops:
-                tot_by[(s.pid, s.tid)] += s.dur
-            thread = max(tot_by, key=lambda k: tot_by[k])
-        mine: list[tuple[float, float, float | None]] = [
-            (s.ts, s.end, s.ts) for s in ops if (s.pid, s.tid) == thread
-        ]
-        busy, host, _k, _o, idle_iv = _classify(mine, w0, w1, kernel_wait_threshold_us)
-        basis = "engine-thread operators"
-        note = (
-            "CPU-only trace: no device timeline. Busy = the union of operator intervals on the engine "
-            "thread; operators run synchronously there, so every gap is host wait by HTA's rule and "
-            "kernel wait / other are not defined (None, not zero)"
-        )
-        kern_o = None
-        other_o = None
-        scale = 1
+    bb = (
+        _device_busy(events, dev, w0, w1, win_us, kernel_wait_threshold_us)
+        if dev
+        else _thread_busy(events, scan, w0, w1, kernel_wait_threshold_us)
+    )
+    busy, idle_iv = bb.busy, bb.idle_iv
     idle = win_us - busy
     within = between = None
     if step_iv is not None:
-        within = sum(_overlap(a, b, step_iv) for a, b in idle_iv) / scale
+        within = sum(_overlap(a, b, step_iv) for a, b in idle_iv) / bb.scale
         between = idle - within
     longest = max((b - a for a, b in idle_iv), default=0.0)
     return IdleBreakdown(
-        basis=basis,
+        basis=bb.basis,
         window_s=win_us / 1e6,
         busy_s=busy / 1e6,
         idle_s=idle / 1e6,
         idle_fraction=(idle / win_us) if win_us else None,
-        host_wait_s=host / 1e6,
-        kernel_wait_s=None if kern_o is None else kern_o / 1e6,
-        other_s=None if other_o is None else other_o / 1e6,
+        host_wait_s=bb.host / 1e6,
+        kernel_wait_s=None if bb.kernel is None else bb.kernel / 1e6,
+        other_s=None if bb.other is None else bb.other / 1e6,
         within_steps_s=None if within is None else within / 1e6,
         between_steps_s=None if between is None else between / 1e6,
         gaps=len(idle_iv),
         longest_gap_ms=longest / 1e3,
         kernel_wait_threshold_us=kernel_wait_threshold_us,
-        devices=per if dev else [],
-        note=note,
+        devices=bb.per,
+        note=bb.note,
     )
