@@ -30,7 +30,9 @@ def test_pct_by_hand() -> None:
 def _steps(durations_ms: list[float]) -> list[StepRecord]:
     out, t = [], 10**9
     for i, d in enumerate(durations_ms):
-        out.append(StepRecord(step_id=i, start_ns=t, end_ns=t + int(d * MS), kind="decode", tokens=1, out_tokens=1))
+        out.append(
+            StepRecord(step_id=i, start_ns=t, end_ns=t + int(d * MS), kind="decode", tokens=1, out_tokens=1)
+        )
         t += int(d * MS) + MS  # 1 ms gap
     return out
 
