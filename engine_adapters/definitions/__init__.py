@@ -2,7 +2,8 @@
 
 - ``records.py``: the tagged ``msgspec`` schema that travels everywhere.
 - ``wire.py``: framing (4-byte length + msgpack) for sockets and recordings.
-- ``figures.py``: the window's definition (idle, MBU, tokens/s, excluded time).
+- ``figures.py``: the window's definition (idle, MBU, tokens/s, excluded time) and the
+  latency percentiles of pooled samples (``pct``).
 - ``histograms.py``: percentiles of Prometheus histograms (bounded by their buckets).
 - ``ceilings.py`` / ``calibrate.py``: peak bandwidth and FLOP/s, and how they are measured.
 - ``contract.py``: host identity and the reproducible test contract.
