@@ -48,7 +48,7 @@ from engine_adapters.reference.exits import ExitPolicy, parse_exit, parse_exit_m
 from engine_adapters.reference.info import engine_info
 from engine_adapters.reference.kvcache import KVCache, blocks_for_memory, parse_kv_policy
 from engine_adapters.reference.loadgen import LoadGenerator, WorkloadSpec, parse_workload
-from engine_adapters.reference.presets import get_preset, with_loops
+from engine_adapters.reference.presets import ModelConfig, get_preset, with_loops
 from engine_adapters.reference.scheduler import Scheduler, Sequence
 from engine_adapters.reference.spec import SpecConfig, parse_spec
 from engine_adapters.reference.timing import EventPool, resolve_loop_events
@@ -109,6 +109,47 @@ class Engine:
         if threads < 1:
             raise EngineError(f"--threads must be >= 1, not {threads}")
         self.threads = threads
+        bt, need, nblocks = self._size_kv_pool(cfg, preset, model_cfg)
+        torch = self._import_torch(dev)
+        torch.set_num_threads(threads)
+        self.max_len = need
+        self.seed = cfg.seed
+        self.model_desc = f"looped-{cfg.preset if cfg.model is None else model_cfg.name} (random weights)"
+
+        from engine_adapters.reference.model import TORCH_DTYPES, LoopedLM
+
+        self.tdtype = TORCH_DTYPES[dtype]
+        self.model = LoopedLM(model_cfg, dtype, dev, seed=cfg.seed, max_positions=need + 1)
+        self.kv = KVCache(model_cfg, self.kv_policy, nblocks, bt, self.tdtype, dev)
+        self.sched = Scheduler(
+            self.kv, self.max_num_seqs, self.token_budget, self.spec.draft_len if self.spec else 0
+        )
+        self.loadgen = LoadGenerator(self.workload, model_cfg.vocab, cfg.seed)
+        self.counter = StepCounter(model_cfg, self.bpe)
+        self.exit_rng = np.random.default_rng([cfg.seed, 3])
+        self.accept_rng = np.random.default_rng([cfg.seed, 4])
+        self.exit_marks = model_cfg.max_loops <= EXIT_MARKS_MAX_LOOPS
+        self.probe: Any = None
+        self.totals = EngineTotals(exit_hist=[0] * model_cfg.max_loops)
+        self._step_no = 0
+        self._events: EventPool | None = None
+        self._loop_events: EventPool | None = None
+        self._loop_pending: deque[tuple[list[tuple[Any, Any]], list[int]]] = deque()
+        if self.is_cuda:
+            self._events = EventPool(8192)
+            self._loop_events = EventPool(8192)
+        self.started = False
+        self.finite_done = False
+        self.stall_total_ns = 0
+        self.stalls = 0
+        self._t_start = 0
+        self.warmed = False
+        self.outputs: dict[str, list[int]] = {}
+        if cfg.warmup:
+            self.warmup()
+
+    def _size_kv_pool(self, cfg: EngineConfig, preset: Any, model_cfg: ModelConfig) -> tuple[int, int, int]:
+        """Batch limits and the KV pool: ``(block tokens, tokens a request needs, blocks)``."""
         self.max_num_seqs = cfg.max_num_seqs or preset.engine.max_num_seqs
         self.token_budget = cfg.token_budget or preset.engine.token_budget
         bt = cfg.kv_block_tokens or preset.engine.kv_block_tokens
@@ -142,8 +183,13 @@ class Engine:
                 f"{nblocks * bt} ({nblocks} blocks x {bt}); raise --kv-blocks (to at least {-(-need // bt)}) "
                 "or use --kv-policy shared"
             )
+        return bt, need, nblocks
+
+    def _import_torch(self, dev: str) -> Any:
+        """torch, imported only now (bad flags are reported without paying for it), and
+        the CUDA device checked."""
         try:
-            import torch  # only now: bad flags are reported without paying for the import
+            import torch
         except ImportError:
             raise EngineError("PyTorch is not installed: pip install torch") from None
         if self.is_cuda:
@@ -156,42 +202,7 @@ class Engine:
                 raise EngineError(
                     f"--device {dev}: this machine has {torch.cuda.device_count()} CUDA device(s)"
                 )
-        torch.set_num_threads(threads)
-        self.max_len = need
-        self.seed = cfg.seed
-        self.model_desc = f"looped-{cfg.preset if cfg.model is None else model_cfg.name} (random weights)"
-
-        from engine_adapters.reference.model import TORCH_DTYPES, LoopedLM
-
-        self.tdtype = TORCH_DTYPES[dtype]
-        self.model = LoopedLM(model_cfg, dtype, dev, seed=cfg.seed, max_positions=need + 1)
-        self.kv = KVCache(model_cfg, self.kv_policy, nblocks, bt, self.tdtype, dev)
-        self.sched = Scheduler(
-            self.kv, self.max_num_seqs, self.token_budget, self.spec.draft_len if self.spec else 0
-        )
-        self.loadgen = LoadGenerator(w, model_cfg.vocab, cfg.seed)
-        self.counter = StepCounter(model_cfg, self.bpe)
-        self.exit_rng = np.random.default_rng([cfg.seed, 3])
-        self.accept_rng = np.random.default_rng([cfg.seed, 4])
-        self.exit_marks = model_cfg.max_loops <= EXIT_MARKS_MAX_LOOPS
-        self.probe: Any = None
-        self.totals = EngineTotals(exit_hist=[0] * model_cfg.max_loops)
-        self._step_no = 0
-        self._events: EventPool | None = None
-        self._loop_events: EventPool | None = None
-        self._loop_pending: deque[tuple[list[tuple[Any, Any]], list[int]]] = deque()
-        if self.is_cuda:
-            self._events = EventPool(8192)
-            self._loop_events = EventPool(8192)
-        self.started = False
-        self.finite_done = False
-        self.stall_total_ns = 0
-        self.stalls = 0
-        self._t_start = 0
-        self.warmed = False
-        self.outputs: dict[str, list[int]] = {}
-        if cfg.warmup:
-            self.warmup()
+        return torch
 
     # -- description ---------------------------------------------------------------------------
 
