@@ -158,7 +158,7 @@ def _series_part(
     ok = R.last("ok")
     ttft = R.last("ttft") / 1e6
     tpot = R.last("tpot") / 1e6
-    rkeep = _requests_kept(R.last("arrival"), R.last("finish"), start, end, keep)
+    rkeep = _requests_kept(R.last("arrival"), R.last("finish"), start, end, flags)
     k = int(keep.sum())
     owned_k, span_s, blk, bs = _time_blocks(stats, start, end, keep, block_s)
     stages = St.last("stages")[keep]
@@ -214,20 +214,11 @@ def _series_part(
 
 
 def _requests_kept(
-    arrival: np.ndarray, finish: np.ndarray, start: np.ndarray, end: np.ndarray, keep: np.ndarray
+    arrival: np.ndarray, finish: np.ndarray, start: np.ndarray, end: np.ndarray, flags: np.ndarray
 ) -> np.ndarray:
-    """True for each request overlapping no excluded step (its start to its end)."""
-    arr = arrival.astype(np.int64)
-    fin = finish.astype(np.int64)
-    rkeep = np.ones(arr.size, dtype=bool)
-    if (~keep).any() and arr.size:
-        ps, pe = start[~keep], end[~keep]
-        order = np.argsort(pe)
-        ps, pe = ps[order], pe[order]
-        j = np.searchsorted(pe, arr, side="right")
-        inb = j < pe.size
-        rkeep[inb] = ~(ps[j[inb]] < fin[inb])
-    return rkeep
+    """True for each request in flight during no excluded step's owned time (the window's
+    own rule: ``figures.excluded_spans`` / ``figures.requests_clear_of``)."""
+    return F.requests_clear_of(arrival, finish, F.excluded_spans(start, end, flags))
 
 
 def _time_blocks(
