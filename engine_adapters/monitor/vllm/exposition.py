@@ -4,7 +4,8 @@
 (``"vllm:"``), each with its ``# TYPE`` and its samples (name, labels, value,
 timestamp), in the order of the page.  Lines of other families are skipped after a
 look at their first characters, without being parsed: a vLLM page is ~20 % Python
-process metrics that ``parse_scrape`` never reads.
+process metrics that ``parse_scrape`` never reads.  (A line that cannot begin a sample
+or a comment, e.g. an HTML page's ``<``, still raises ``ScrapeError``.)
 
 Grouping follows what the text says, as the Prometheus client libraries read it:
 
@@ -14,8 +15,10 @@ Grouping follows what the text says, as the Prometheus client libraries read it:
   untyped), or the family's plus ``_bucket``/``_count``/``_sum`` (histogram) or
   ``_count``/``_sum`` (summary).  Any other sample closes the open family: it and the
   samples after it, until the next ``# TYPE``/``# HELP``, belong to no kept family.
-- A counter's samples are returned under their own names; a 0.0.4 page from a Python
-  client names them ``..._total`` and exposes ``..._created`` as a gauge family of its own.
+- A counter's samples are returned under their own names (``parse_scrape`` reads a
+  name without ``_total`` as ``..._total``, as prometheus_client does); a 0.0.4 page
+  from a Python client names them ``..._total`` and exposes ``..._created`` as a gauge
+  family of its own.
 
 Lines are checked as they are read: a malformed line of a kept family (name, labels,
 escapes, value, timestamp) raises ``ScrapeError`` naming the line; nothing is guessed.
