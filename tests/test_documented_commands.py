@@ -67,6 +67,7 @@ def readme_commands(text: str | None = None) -> list[Documented]:
     out: list[Documented] = []
     in_block = False
     lang = ""
+    pending = ""  # a command continued with a trailing backslash
     for no, line in enumerate(text.splitlines(), 1):
         if line.startswith("```"):
             in_block = not in_block
@@ -74,7 +75,13 @@ def readme_commands(text: str | None = None) -> list[Documented]:
             continue
         if not in_block or lang not in ("", "sh", "bash", "shell", "console"):
             continue
+        if line.lstrip().startswith("#"):  # a comment line
+            continue
         cmd = _strip_comment(line.removeprefix("$ "))
+        if cmd.endswith("\\"):
+            pending += cmd[:-1] + " "
+            continue
+        cmd, pending = pending + cmd, ""
         if cmd:
             out.append(Documented(f"README.md:{no}", cmd))
     return out
@@ -123,7 +130,13 @@ def shell_segments(cmd: str) -> list[str]:
 
 def skip_reason(argv: list[str]) -> str | None:
     """Why a documented command cannot run in this test (None: it runs)."""
+    while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):  # VAR=value before the command
+        argv = argv[1:]
     joined = " ".join(argv)
+    if "vllm.entrypoints.openai.api_server" in argv or argv[:2] == ["vllm", "serve"]:
+        return "starts a vLLM server (tests/engine_adapters/vllm start real ones, Ouro included)"
+    if argv[:2] == ["hf", "download"]:
+        return "downloads from the Hugging Face Hub (no internet on the test machines)"
     if argv[:1] == ["python3"] and "venv" in argv:
         return "creates a virtual environment (.ci/run runs the install block verbatim on a fresh clone)"
     if argv and argv[0].endswith("pip"):

@@ -2,7 +2,8 @@
 
 - ``records.py``: the tagged ``msgspec`` schema that travels everywhere.
 - ``wire.py``: framing (4-byte length + msgpack) for sockets and recordings.
-- ``figures.py``: the window's definition (idle, MBU, tokens/s, excluded time).
+- ``figures.py``: the window's definition (idle, MBU, tokens/s, excluded time) and the
+  latency percentiles of pooled samples (``pct``).
 - ``histograms.py``: percentiles of Prometheus histograms (bounded by their buckets).
 - ``server_window.py`` / ``server_history.py`` / ``cost.py``: a metrics endpoint's (vLLM's
   ``/metrics``) window and replicas' totals, trends and totals since attach, and cost.

@@ -28,6 +28,11 @@ percentiles and goodput.
   tokens/s = Σ output tokens / T;  steps/s = steps / T;  goodput = requests meeting
   both SLOs / T; where T is the window's wall time less the excluded time, and a step
   that straddles ``w0`` or ``w1`` counts by the part of it inside the window.
+
+Latency figures (step time, gap, TTFT, TPOT) are percentiles of the pooled samples in
+the window, by linear interpolation (``pct``, ``percentile``): never means of per-run
+percentiles.  The monitor's windows, ``summary``, ``report`` and ``compare`` all call
+these two.
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, F
 
 EXCLUDED_FLAGS = FLAG_PROFILED | FLAG_EXPORTING | FLAG_WARMUP
 """Steps flagged with any of these are not baseline: they leave every window figure."""
+
+PERCENTILES = (50, 95, 99)
+"""The percentiles a latency figure shows (``pct``)."""
 
 QUIET_AFTER_S = 2.0
 """A target whose data time has run this long past its newest step is "quiet" (no steps)."""
@@ -99,6 +107,20 @@ class WindowFigures:
     def per_second(self, count: float) -> float | None:
         """``count`` / T (goodput: requests meeting both SLOs)."""
         return count / self.seconds if self.seconds > 0 else None
+
+
+def pct(values: np.ndarray) -> dict[str, float | None]:
+    """P50/P95/P99 of pooled samples (linear interpolation); None for no samples."""
+    if values.size == 0:
+        return {f"p{p}": None for p in PERCENTILES}
+    q = np.percentile(values, PERCENTILES)
+    return {f"p{p}": float(v) for p, v in zip(PERCENTILES, q, strict=True)}
+
+
+def percentile(values: np.ndarray, q: float) -> float:
+    """One percentile ``q`` (0-100) of pooled samples, by the same definition as ``pct``
+    (``values`` must hold at least one sample)."""
+    return float(np.percentile(values, q))
 
 
 def owned_from(start: np.ndarray, end: np.ndarray, t0_ns: int) -> np.ndarray:

@@ -24,123 +24,45 @@ without synchronising the engine.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from time import perf_counter_ns as clk
 from typing import Any
 
 import numpy as np
 
-from engine_adapters import __version__
-from engine_adapters.definitions.contract import code_state
 from engine_adapters.reference.analytic import DTYPE_BYTES, StepCounter, param_count
 from engine_adapters.reference.batch import RowSpec, StepBatch
+from engine_adapters.reference.config import (
+    ENGINE_NAME,
+    EXIT_MARKS_MAX_LOOPS,
+    KV_FIT_REQUESTS,
+    EngineConfig,
+    EngineError,
+    EngineTotals,
+    parse_stall,
+)
+from engine_adapters.reference.drafting import accept_drafts, draft_tokens, place_drafts
 from engine_adapters.reference.exits import ExitPolicy, parse_exit, parse_exit_mode
+from engine_adapters.reference.info import engine_info
 from engine_adapters.reference.kvcache import KVCache, blocks_for_memory, parse_kv_policy
 from engine_adapters.reference.loadgen import LoadGenerator, WorkloadSpec, parse_workload
 from engine_adapters.reference.presets import ModelConfig, get_preset, with_loops
-from engine_adapters.reference.scheduler import Scheduled, Scheduler, Sequence
+from engine_adapters.reference.scheduler import Scheduler, Sequence
 from engine_adapters.reference.spec import SpecConfig, parse_spec
+from engine_adapters.reference.timing import EventPool, resolve_loop_events
 
-ENGINE_NAME = "rltperf-reference"
-KV_FIT_REQUESTS = 2
-"""The default KV pool holds at least this many requests of the workload."""
-EXIT_MARKS_MAX_LOOPS = 24
-"""Deeper loops put exit checks inside ``forward`` (the probe keeps 64 marks per step)."""
-
-
-class EngineError(Exception):
-    """A configuration the engine cannot run; the message says what to change."""
-
-
-def parse_stall(text: str | None) -> tuple[float, int] | None:
-    """``MS@EVERY`` -> (milliseconds, every N steps)."""
-    if not text:
-        return None
-    ms, at, every = text.partition("@")
-    try:
-        if not at:
-            raise ValueError
-        v, n = float(ms), int(every)
-    except ValueError:
-        raise ValueError(
-            f"--inject-stall takes MS@EVERY (e.g. 20@10: a 20 ms host stall every 10 steps), not {text!r}"
-        ) from None
-    if v <= 0 or n <= 0:
-        raise ValueError(f"--inject-stall {text}: both MS and EVERY must be positive")
-    return v, n
-
-
-@dataclass
-class EngineConfig:
-    """Everything ``rltperf engine`` can set (None: the preset's default)."""
-
-    preset: str = "tiny"
-    device: str = "cpu"
-    dtype: str | None = None
-    workload: str | None = None
-    exit: str = "fixed"
-    exit_mode: str = "select"
-    kv_policy: str = "per_depth"
-    spec: str | None = None
-    spec_accept: str | None = None
-    inject_stall: str | None = None
-    sync_every_stage: bool = False
-    seed: int = 0
-    threads: int | None = None
-    max_num_seqs: int | None = None
-    token_budget: int | None = None
-    kv_blocks: int | None = None
-    """Block ids per depth pool (overrides the preset's KV memory budget)."""
-    kv_block_tokens: int | None = None
-    max_loops: int | None = None
-    model: ModelConfig | None = None
-    """A custom shape instead of the preset's (tests)."""
-    force: bool = False
-    """Run a GPU-only preset on the CPU anyway."""
-    warmup: bool = True
-    keep_outputs: bool = False
-    """Keep each finished request's generated token IDs in ``Engine.outputs`` (tests)."""
-
-
-class _EventPool:
-    """Preallocated CUDA timing events handed out round-robin (never allocated per step)."""
-
-    def __init__(self, n: int) -> None:
-        import torch
-
-        self._ev = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        self._i = 0
-        self._n = n
-
-    def __call__(self) -> Any:
-        e = self._ev[self._i]
-        self._i = (self._i + 1) % self._n
-        return e
-
-
-@dataclass
-class EngineTotals:
-    """Counters for the status line and the final summary."""
-
-    steps: int = 0
-    out_tokens: int = 0
-    finished: int = 0
-    failed: int = 0
-    preempted: int = 0
-    step_ns: int = 0
-    busy_ns: int = 0
-    drafts: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    bytes: int = 0
-    """Analytic bytes read + written."""
-    exit_hist: list[int] = field(default_factory=list)
-    recent_step_ns: deque[int] = field(default_factory=lambda: deque(maxlen=512))
-    """Durations of the latest steps (for the status line)."""
+__all__ = [
+    "ENGINE_NAME",
+    "EXIT_MARKS_MAX_LOOPS",
+    "KV_FIT_REQUESTS",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "EngineTotals",
+    "parse_stall",
+]
 
 
 class Engine:
@@ -187,6 +109,47 @@ class Engine:
         if threads < 1:
             raise EngineError(f"--threads must be >= 1, not {threads}")
         self.threads = threads
+        bt, need, nblocks = self._size_kv_pool(cfg, preset, model_cfg)
+        torch = self._import_torch(dev)
+        torch.set_num_threads(threads)
+        self.max_len = need
+        self.seed = cfg.seed
+        self.model_desc = f"looped-{cfg.preset if cfg.model is None else model_cfg.name} (random weights)"
+
+        from engine_adapters.reference.model import TORCH_DTYPES, LoopedLM
+
+        self.tdtype = TORCH_DTYPES[dtype]
+        self.model = LoopedLM(model_cfg, dtype, dev, seed=cfg.seed, max_positions=need + 1)
+        self.kv = KVCache(model_cfg, self.kv_policy, nblocks, bt, self.tdtype, dev)
+        self.sched = Scheduler(
+            self.kv, self.max_num_seqs, self.token_budget, self.spec.draft_len if self.spec else 0
+        )
+        self.loadgen = LoadGenerator(self.workload, model_cfg.vocab, cfg.seed)
+        self.counter = StepCounter(model_cfg, self.bpe)
+        self.exit_rng = np.random.default_rng([cfg.seed, 3])
+        self.accept_rng = np.random.default_rng([cfg.seed, 4])
+        self.exit_marks = model_cfg.max_loops <= EXIT_MARKS_MAX_LOOPS
+        self.probe: Any = None
+        self.totals = EngineTotals(exit_hist=[0] * model_cfg.max_loops)
+        self._step_no = 0
+        self._events: EventPool | None = None
+        self._loop_events: EventPool | None = None
+        self._loop_pending: deque[tuple[list[tuple[Any, Any]], list[int]]] = deque()
+        if self.is_cuda:
+            self._events = EventPool(8192)
+            self._loop_events = EventPool(8192)
+        self.started = False
+        self.finite_done = False
+        self.stall_total_ns = 0
+        self.stalls = 0
+        self._t_start = 0
+        self.warmed = False
+        self.outputs: dict[str, list[int]] = {}
+        if cfg.warmup:
+            self.warmup()
+
+    def _size_kv_pool(self, cfg: EngineConfig, preset: Any, model_cfg: ModelConfig) -> tuple[int, int, int]:
+        """Batch limits and the KV pool: ``(block tokens, tokens a request needs, blocks)``."""
         self.max_num_seqs = cfg.max_num_seqs or preset.engine.max_num_seqs
         self.token_budget = cfg.token_budget or preset.engine.token_budget
         bt = cfg.kv_block_tokens or preset.engine.kv_block_tokens
@@ -220,8 +183,13 @@ class Engine:
                 f"{nblocks * bt} ({nblocks} blocks x {bt}); raise --kv-blocks (to at least {-(-need // bt)}) "
                 "or use --kv-policy shared"
             )
+        return bt, need, nblocks
+
+    def _import_torch(self, dev: str) -> Any:
+        """torch, imported only now (bad flags are reported without paying for it), and
+        the CUDA device checked."""
         try:
-            import torch  # only now: bad flags are reported without paying for the import
+            import torch
         except ImportError:
             raise EngineError("PyTorch is not installed: pip install torch") from None
         if self.is_cuda:
@@ -234,42 +202,7 @@ class Engine:
                 raise EngineError(
                     f"--device {dev}: this machine has {torch.cuda.device_count()} CUDA device(s)"
                 )
-        torch.set_num_threads(threads)
-        self.max_len = need
-        self.seed = cfg.seed
-        self.model_desc = f"looped-{cfg.preset if cfg.model is None else model_cfg.name} (random weights)"
-
-        from engine_adapters.reference.model import TORCH_DTYPES, LoopedLM
-
-        self.tdtype = TORCH_DTYPES[dtype]
-        self.model = LoopedLM(model_cfg, dtype, dev, seed=cfg.seed, max_positions=need + 1)
-        self.kv = KVCache(model_cfg, self.kv_policy, nblocks, bt, self.tdtype, dev)
-        self.sched = Scheduler(
-            self.kv, self.max_num_seqs, self.token_budget, self.spec.draft_len if self.spec else 0
-        )
-        self.loadgen = LoadGenerator(w, model_cfg.vocab, cfg.seed)
-        self.counter = StepCounter(model_cfg, self.bpe)
-        self.exit_rng = np.random.default_rng([cfg.seed, 3])
-        self.accept_rng = np.random.default_rng([cfg.seed, 4])
-        self.exit_marks = model_cfg.max_loops <= EXIT_MARKS_MAX_LOOPS
-        self.probe: Any = None
-        self.totals = EngineTotals(exit_hist=[0] * model_cfg.max_loops)
-        self._step_no = 0
-        self._events: _EventPool | None = None
-        self._loop_events: _EventPool | None = None
-        self._loop_pending: deque[tuple[list[tuple[Any, Any]], list[int]]] = deque()
-        if self.is_cuda:
-            self._events = _EventPool(8192)
-            self._loop_events = _EventPool(8192)
-        self.started = False
-        self.finite_done = False
-        self.stall_total_ns = 0
-        self.stalls = 0
-        self._t_start = 0
-        self.warmed = False
-        self.outputs: dict[str, list[int]] = {}
-        if cfg.warmup:
-            self.warmup()
+        return torch
 
     # -- description ---------------------------------------------------------------------------
 
@@ -278,85 +211,8 @@ class Engine:
         return f"{self.exit_policy.describe()} {self.exit_mode}"
 
     def engine_info(self, duration: float | None = None) -> dict[str, Any]:
-        """``EngineInfo`` fields, with every test-contract field the engine knows."""
-        import torch
-
-        w = self.workload
-        c = self.model_cfg
-        contract: dict[str, Any] = dict(self.loadgen.contract())
-        if duration and not w.finite:
-            contract["total_requests_or_duration"] = f"{duration:g} s (--duration), open-ended workload"
-        stall = (
-            "off"
-            if not self.stall
-            else f"{self.stall[0]:g} ms host stall in the schedule stage every {self.stall[1]} steps"
-        )
-        # the commit of the code that runs, wherever the engine was started from
-        contract.update(code_state(os.path.dirname(os.path.abspath(__file__))))
-        contract.update(
-            {
-                "tokenizer": f"none: synthetic token IDs uniform over the vocabulary of {c.vocab}",
-                "attention_backend": (
-                    f"torch scaled_dot_product_attention ({'CUDA' if self.is_cuda else 'CPU'} dispatch) over "
-                    "keys/values gathered from a paged cache; GQA via enable_gqa"
-                ),
-                "chunked_prefill": f"on: prompt chunks cut to the {self.token_budget}-token step budget",
-                "prefix_caching": "off",
-                "async_scheduling": "off: schedule, forward, sample and update run in order on one thread",
-                "cuda_graphs": "off: eager PyTorch" if self.is_cuda else "n/a on the CPU (eager PyTorch)",
-                "sampling": "greedy (argmax), temperature 0, ignore EOS",
-                "seeds": f"weights {self.seed} (torch.Generator), workload/exits/acceptance {self.seed} (numpy PCG64)",
-                "warmup": "one untimed prefill chunk and one decode pass before the workload starts; no step flagged",
-                "repetitions": "1 (one run; repeat the command for more)",
-                "timeouts": "none: every request runs to its fixed output length",
-                "failure_handling": (
-                    "a request that can never fit in the KV cache is reported failed (counted, never dropped); "
-                    "KV pressure preempts the latest admitted request, recomputed later"
-                ),
-                "spec_config": self.spec.describe() if self.spec else "off",
-                "loop_config": c.describe(),
-                "exit_config": f"{self.exit_config()}; kv_policy={self.kv_policy}",
-                "kv_capacity": self.kv.describe() + (f"; {self.kv_raised}" if self.kv_raised else ""),
-                "kv_policy": self.kv_policy,
-                "fault_injection": f"inject_stall={stall}; sync_every_stage={'on' if self.cfg.sync_every_stage else 'off'}",
-                "inject_stall": stall,
-                "sync_every_stage": bool(self.cfg.sync_every_stage),
-                "sync_every_stage_effect": (
-                    "a device synchronise at every stage boundary"
-                    if self.is_cuda
-                    else "none on the CPU (nothing runs asynchronously)"
-                )
-                if self.cfg.sync_every_stage
-                else "off",
-                "threads": self.threads,
-                "random_weights": True,
-            }
-        )
-        dev = self.device
-        if self.is_cuda:
-            dev = f"{dev} ({torch.cuda.get_device_name(torch.device(dev))})"
-        return {
-            "name": ENGINE_NAME,
-            "version": __version__,
-            "model": self.model_desc,
-            "model_shape": c.shape_dict(),
-            "dtype": self.dtype,
-            "quantization": "none",
-            "device": self.device,
-            "max_loops": c.max_loops,
-            "loop_config": c.describe(),
-            "exit_config": self.exit_config(),
-            "kv_policy": self.kv_policy,
-            "spec_config": self.spec.describe() if self.spec else None,
-            "kv_capacity_blocks": self.kv.total_blocks,
-            "kv_block_tokens": self.kv.block_tokens,
-            "max_requests": self.max_num_seqs,
-            "token_budget": self.token_budget,
-            "workload": f"{w.describe()}; seed {self.seed}; tokens sha256 {self.loadgen.tokens_sha256[:16]}…",
-            "random_weights": True,
-            "host": socket.gethostname(),
-            "contract": contract | {"device_detail": dev},
-        }
+        """``EngineInfo`` fields, with every test-contract field the engine knows (``info.py``)."""
+        return engine_info(self, duration)
 
     # -- warm-up -------------------------------------------------------------------------------
 
@@ -502,26 +358,8 @@ class Engine:
         dbuf = None
         if drafting:
             mark("draft")
-            dbuf = self._draft(drafting, counter)
-            # place the drafted tokens after each drafting row's first token
-            dst: list[int] = []
-            src: list[int] = []
-            index_of = {id(it): k for k, it in enumerate(drafting)}
-            gmax = max(it.draft for it in drafting)
-            for r, sp in enumerate(batch.specs):
-                k = index_of.get(id(sp.seq))
-                if k is None:
-                    continue
-                off = int(batch.row_off[r])
-                for j in range(sp.seq.draft):
-                    dst.append(off + 1 + j)
-                    src.append(k * gmax + j)
-            dev = model.device
-            batch.input_ids.index_copy_(
-                0,
-                torch.tensor(dst, device=dev),
-                dbuf.reshape(-1).index_select(0, torch.tensor(src, device=dev)),
-            )
+            dbuf = draft_tokens(self, drafting, counter)
+            place_drafts(batch, drafting, dbuf, model.device)
         stage = "verify" if drafting else "forward"
         mark(stage)
         oracle = None
@@ -561,27 +399,9 @@ class Engine:
             out_pos += k
         if drafting:
             mark("accept")
-            gmax = max(it.draft for it in drafting)
-            for k, it in enumerate(drafting):
-                seq = it.seq
-                ver, dep = row_outputs[id(it)]
-                drafted = drafts_host[k][: it.draft] if drafts_host is not None else []
-                if self.spec and self.spec.accept == "oracle":
-                    a = 0
-                    while a < it.draft and self.accept_rng.random() < self.spec.alpha:
-                        a += 1
-                else:
-                    a = 0
-                    while a < it.draft and drafted[a] == ver[a]:
-                        a += 1
-                commit = [*drafted[:a], ver[a]]
-                for j in range(a + 1):
-                    exit_hist[int(dep[j]) - 1] += 1
-                seq.tokens.extend(commit)
-                seq.num_computed += 1 + a
-                self.sched.rollback(seq)
-                produced += len(commit)
-                accepted_total += a
+            produced, accepted_total = accept_drafts(
+                drafting, row_outputs, drafts_host, self.spec, self.accept_rng, self.sched, exit_hist
+            )
         mark("update")
         now = clk()
         finished: list[Sequence] = []
@@ -631,7 +451,7 @@ class Engine:
         if busy_events:
             facts["busy_events"] = busy_events
             self._loop_pending.append((hooks.loop_events, hooks.loop_tokens))
-            lagged = self._resolve_loop_events()
+            lagged = resolve_loop_events(self._loop_pending)
             if lagged is not None:
                 facts["loop_ns"], facts["loop_tokens"] = lagged
         else:
@@ -651,61 +471,6 @@ class Engine:
         t.bytes += counter.bytes_read + counter.bytes_written
         for i, v in enumerate(exit_hist):
             t.exit_hist[i] += v
-
-    def _resolve_loop_events(self) -> tuple[list[int], list[int]] | None:
-        """CUDA: per-depth times of the oldest step whose loop events completed.
-
-        Carried by a later step's record (the aggregator averages per-depth times over
-        windows, so the lag of a few steps does not matter); never synchronises.
-        """
-        if not self._loop_pending:
-            return None
-        evs, toks = self._loop_pending[0]
-        if evs and not evs[-1][1].query() and len(self._loop_pending) < 64:
-            return None
-        self._loop_pending.popleft()
-        if not evs:
-            return None
-        try:
-            ns = [int(a.elapsed_time(b) * 1e6) for a, b in evs]
-        except RuntimeError:
-            return None
-        # depths that ran on no tokens recorded no events
-        full = [0] * len(toks)
-        j = 0
-        for i, n in enumerate(toks):
-            if n and j < len(ns):
-                full[i] = ns[j]
-                j += 1
-        return full, list(toks)
-
-    def _draft(self, drafting: list[Scheduled], counter: StepCounter) -> Any:
-        """Draft tokens for each drafting row at ``draft_loops``; ``[rows, max_draft]`` tensor."""
-        import torch
-
-        assert self.spec is not None
-        model = self.model
-        gmax = max(it.draft for it in drafting)
-        dbuf = torch.zeros((len(drafting), gmax), dtype=torch.long, device=model.device)
-        fixed = ExitPolicy("fixed")
-        prev: Any = None
-        prev_rows: list[int] = []
-        for j in range(gmax):
-            rows = [k for k, it in enumerate(drafting) if it.draft > j]
-            specs = []
-            for k in rows:
-                seq = drafting[k].seq
-                specs.append(RowSpec(drafting[k], [seq.tokens[-1]] if j == 0 else [0], seq.num_computed + j,
-                                     seq.kv.slots, [0]))  # fmt: skip
-            b = StepBatch(specs, model.rope_cos, model.rope_sin, model.device)
-            if j > 0:
-                keep = [prev_rows.index(k) for k in rows]
-                b.input_ids = prev.index_select(0, torch.tensor(keep, device=model.device))
-            res = model(b, self.kv, counter, fixed, "select", loops=self.spec.draft_loops)
-            prev = res.logits.argmax(dim=-1)
-            prev_rows = rows
-            dbuf[torch.tensor(rows, device=model.device), j] = prev
-        return dbuf
 
     # -- running -------------------------------------------------------------------------------
 

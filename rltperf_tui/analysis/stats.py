@@ -24,14 +24,68 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
+from engine_adapters.definitions import figures as F
+from rltperf_tui.analysis.verdicts import (
+    DEFAULT_ALPHA,
+    DEFAULT_MIN_EFFECT,
+    FAIL_DRIFT,
+    FAIL_HOLM,
+    FAIL_MIN_EFFECT,
+    FAIL_ROUNDS,
+    NA,
+    Diff,
+    decide,
+    explain,
+    fmt,
+    fmt_ci,
+    fmt_p,
+    fmt_rel,
+    holm,
+    round_sig,
+    verdict_of,
+)
+
+__all__ = [  # the verdict names are re-exported: callers know this module as ``S``
+    "DEFAULT_ALPHA",
+    "DEFAULT_BLOCK_S",
+    "DEFAULT_MIN_EFFECT",
+    "DEFAULT_RESAMPLES",
+    "FAIL_DRIFT",
+    "FAIL_HOLM",
+    "FAIL_MIN_EFFECT",
+    "FAIL_ROUNDS",
+    "NA",
+    "PCTS",
+    "BlockSums",
+    "Diff",
+    "acf",
+    "auto_block_length",
+    "block_indices",
+    "block_length",
+    "block_sums",
+    "compare_ratio",
+    "compare_stat",
+    "decide",
+    "explain",
+    "fmt",
+    "fmt_ci",
+    "fmt_p",
+    "fmt_rel",
+    "holm",
+    "min_samples",
+    "percentile_stat",
+    "ratio_metric",
+    "round_sig",
+    "segment_values",
+    "spread",
+    "verdict_of",
+]
+
 DEFAULT_RESAMPLES = 1000
-DEFAULT_ALPHA = 0.05
-DEFAULT_MIN_EFFECT = 0.05
 DEFAULT_BLOCK_S = 0.5
 PCTS = (50, 95, 99)
 
@@ -121,195 +175,14 @@ def min_samples(q: float | None) -> int:
 
 
 def percentile_stat(q: float) -> Callable[[np.ndarray], np.ndarray]:
-    """A vectorised ``q``-th percentile along axis 1 (linear interpolation)."""
+    """A vectorised ``q``-th percentile along axis 1: ``figures.percentile`` of each
+    resample (row) at once, for the bootstrap."""
 
     def f(m: np.ndarray) -> np.ndarray:
         return np.percentile(m, q, axis=1)
 
     f.__name__ = f"p{q:g}"
     return f
-
-
-NA = "n/a"
-"""How an unknown figure is printed."""
-
-
-def fmt(v: float | None, spec: str = "{:.4g}") -> str:
-    """A figure as ``rltperf compare`` prints it everywhere (table, sentences), or ``n/a``."""
-    if v is None or not math.isfinite(v):
-        return NA
-    return spec.format(v)
-
-
-def fmt_rel(rel: float | None) -> str:
-    """A relative difference (fraction of A) as a signed percentage: ``+90.2%``."""
-    return fmt(rel, "{:+.1%}")
-
-
-def fmt_p(p: float | None) -> str:
-    """A p-value."""
-    return fmt(p, "{:.3g}")
-
-
-def fmt_ci(lo: float | None, hi: float | None) -> str:
-    """A confidence interval ``[lo, hi]`` (empty when unknown)."""
-    return "" if lo is None or hi is None else f"[{fmt(lo)}, {fmt(hi)}]"
-
-
-def round_sig(v: float | None, digits: int = 6) -> float | None:
-    """``v`` to ``digits`` significant digits (None for unknown or non-finite)."""
-    return None if v is None or not math.isfinite(v) else float(f"{v:.{digits}g}")
-
-
-# Why a difference is not significant: the conditions a difference must pass, in order.
-FAIL_HOLM = "holm"
-FAIL_MIN_EFFECT = "min_effect"
-FAIL_DRIFT = "drift"
-FAIL_ROUNDS = "rounds"
-
-
-def verdict_of(failed: list[str]) -> str:
-    """The verdict words for the failed conditions (none failed: significant)."""
-    if not failed:
-        return "significant"
-    if FAIL_ROUNDS in failed:
-        return "not established (drift between rounds)"
-    if FAIL_DRIFT in failed:
-        return "not established (drift)"
-    if FAIL_HOLM in failed and FAIL_MIN_EFFECT in failed:
-        return "not significant, below min effect"
-    if FAIL_HOLM in failed:
-        return "not significant after Holm"
-    return "below min effect"
-
-
-@dataclass
-class Diff:
-    """One metric compared between A and B."""
-
-    metric: str
-    unit: str
-    a: float | None
-    b: float | None
-    n_a: int = 0
-    n_b: int = 0
-    diff: float | None = None
-    rel: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    p: float | None = None
-    p_holm: float | None = None
-    significant: bool = False
-    verdict: str = "not tested"
-    reason: str = ""
-    block: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    alpha: float | None = None
-    """The family-wise level the Holm-corrected p was held to (set by ``decide``)."""
-    n_tested: int = 0
-    """How many metrics the Holm correction ran over."""
-    need: float | None = None
-    """The smallest effect of interest, in ``unit``."""
-    need_basis: str = ""
-    """What ``need`` is, in words (``5% of A``, ``1% of A's median step time``)."""
-    failed: list[str] = field(default_factory=list)
-    """The conditions this difference failed (``FAIL_*``); empty and decided = significant."""
-
-    def settle(self) -> None:
-        """Set ``significant``, ``verdict`` and ``reason`` from the failed conditions.
-
-        The reason is written from the same rounded figures ``as_dict`` (and so the
-        table) carries, through the same formatting functions: the sentence and the
-        table never disagree in a digit."""
-        self.significant = not self.failed
-        self.verdict = verdict_of(self.failed)
-        self.reason = explain(self._figures())
-
-    def _figures(self) -> dict[str, Any]:
-        r = round_sig
-        d = {
-            "metric": self.metric,
-            "unit": self.unit,
-            "a": r(self.a),
-            "b": r(self.b),
-            "diff": r(self.diff),
-            "rel_diff": r(self.rel),
-            "ci95": [r(self.ci_low), r(self.ci_high)],
-            "p": r(self.p, 5),
-            "p_holm": r(self.p_holm, 5),
-            "alpha": self.alpha,
-            "n_tested": self.n_tested,
-            "min_effect": r(self.need),
-            "min_effect_basis": self.need_basis,
-            "failed": list(self.failed),
-        }
-        d.update(self.extra)
-        return d
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON form (floats rounded to 6 significant digits)."""
-        d = self._figures()
-        d.update(
-            significant=self.significant,
-            verdict=self.verdict,
-            reason=self.reason,
-            n_a=self.n_a,
-            n_b=self.n_b,
-            block=self.block,
-        )
-        return d
-
-
-def explain(m: dict[str, Any]) -> str:
-    """Why a decided metric got its verdict, in words, from its (rounded) figures.
-
-    Each failed condition is named with the numbers that failed it: the Holm-corrected p
-    against alpha (and whether the uncorrected 95 % interval holds 0), the smallest
-    effect of interest against |B-A|, the drift within recordings or between rounds."""
-    unit = m["unit"]
-    u = f" {unit}"
-    lo, hi = m["ci95"]
-    ci = fmt_ci(lo, hi)
-    diff = m["diff"]
-    adiff = None if diff is None else abs(diff)
-    n = m["n_tested"]
-    need = f"the smallest effect of interest ({m['min_effect_basis']}: {fmt(m['min_effect'])}{u})"
-    out: list[str] = []
-    failed = m["failed"]
-    if FAIL_HOLM in failed:
-        s = (
-            f"not significant after Holm: p={fmt_p(m['p_holm'])} ≥ {m['alpha']:g} over {n} metrics "
-            f"(uncorrected p={fmt_p(m['p'])})"
-        )
-        if lo is not None and hi is not None:
-            if lo <= 0 <= hi:
-                s += f"; the 95% CI {ci}{u} includes 0"
-            else:
-                s += f"; the 95% CI {ci}{u} excludes 0 but is not corrected for comparing {n} metrics at once"
-        out.append(s)
-    if FAIL_MIN_EFFECT in failed:
-        out.append(f"below {need}: |B-A| is {fmt(adiff)}{u} ({fmt_rel(m['rel_diff'])} of A)")
-    if FAIL_DRIFT in failed:
-        out.append(
-            f"drift within recordings: the quarters of one recording already differ by up to "
-            f"{fmt(m.get('segment_spread'))}{u}, at least |B-A| {fmt(adiff)}{u}: this may be the machine, "
-            "not the change"
-        )
-    if FAIL_ROUNDS in failed:
-        rd = ", ".join(fmt(x) for x in m.get("round_diffs") or [])
-        out.append(
-            f"drift between rounds: the per-round differences B-A change sign ({rd}{u}), though "
-            "the pooled difference passed"
-        )
-    if not failed:
-        s = (
-            f"p={fmt_p(m['p_holm'])} < {m['alpha']:g} after Holm over {n} metrics, 95% CI {ci}{u}, "
-            f"|B-A| {fmt(adiff)}{u} ≥ {need}"
-        )
-        if m.get("segment_spread") is not None:
-            s += f", beyond the drift within recordings ({fmt(m['segment_spread'])}{u})"
-        out.append(s)
-    return "; ".join(out)
 
 
 def _p_two_sided(boot_diffs: np.ndarray, observed: float) -> float:
@@ -349,8 +222,8 @@ def compare_stat(
         d = Diff(
             metric,
             unit,
-            float(np.percentile(a, q) if q is not None else a.mean()) if a.size else None,
-            float(np.percentile(b, q) if q is not None else b.mean()) if b.size else None,
+            (F.percentile(a, q) if q is not None else float(a.mean())) if a.size else None,
+            (F.percentile(b, q) if q is not None else float(b.mean())) if b.size else None,
             n_a=int(a.size),
             n_b=int(b.size),
         )
@@ -364,8 +237,8 @@ def compare_stat(
             d.rel = d.diff / abs(d.a) if d.a else None
         return d
     stat = percentile_stat(q) if q is not None else (lambda m: m.mean(axis=1))
-    va = float(np.percentile(a, q)) if q is not None else float(a.mean())
-    vb = float(np.percentile(b, q)) if q is not None else float(b.mean())
+    va = F.percentile(a, q) if q is not None else float(a.mean())
+    vb = F.percentile(b, q) if q is not None else float(b.mean())
     la = min(max(auto_block_length(a), min_block_a), max(1, a.size // 3)) if block else 1
     lb = min(max(auto_block_length(b), min_block_b), max(1, b.size // 3)) if block else 1
     ba = _boot_stat(a, stat, la, resamples, rng)
@@ -506,54 +379,6 @@ def compare_ratio(
     )
 
 
-def holm(pvalues: list[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values (same order as given)."""
-    m = len(pvalues)
-    order = sorted(range(m), key=lambda i: pvalues[i])
-    adj = [0.0] * m
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * pvalues[i]))
-        adj[i] = running
-    return adj
-
-
-def decide(
-    diffs: list[Diff],
-    alpha: float = DEFAULT_ALPHA,
-    min_effect: float = DEFAULT_MIN_EFFECT,
-    abs_floor: dict[str, float] | None = None,
-    floor_basis: dict[str, str] | None = None,
-) -> None:
-    """Holm-correct the p-values of the tested diffs and set verdict/significant/reason.
-
-    ``abs_floor`` maps a unit (e.g. ``"ms"``) to the smallest absolute difference of
-    interest in that unit, ``floor_basis`` to what that floor is, in words.  A tested
-    difference that fails a condition records which (``Diff.failed``), so its reason
-    names it.
-    """
-    tested = [d for d in diffs if d.p is not None]
-    adj = holm([d.p for d in tested if d.p is not None])
-    for d, pa in zip(tested, adj, strict=True):
-        d.p_holm = pa
-        d.alpha = alpha
-        d.n_tested = len(tested)
-        floor = (abs_floor or {}).get(d.unit, 0.0)
-        rel_need = min_effect * abs(d.a) if d.a else 0.0
-        if rel_need >= floor:
-            d.need, d.need_basis = rel_need, f"{min_effect * 100:g}% of A"
-        else:
-            d.need = floor
-            d.need_basis = (floor_basis or {}).get(d.unit, f"at least {floor:.4g} {d.unit}")
-        assert d.diff is not None
-        d.failed = []
-        if pa >= alpha:
-            d.failed.append(FAIL_HOLM)
-        if abs(d.diff) < d.need:
-            d.failed.append(FAIL_MIN_EFFECT)
-        d.settle()
-
-
 def segment_values(x: np.ndarray, q: float | None, k: int = 4) -> list[float] | None:
     """The statistic over ``k`` consecutive segments of a series (fewer when a segment
     would not hold one expected sample beyond the percentile); None when not even 2 fit.
@@ -565,7 +390,7 @@ def segment_values(x: np.ndarray, q: float | None, k: int = 4) -> list[float] | 
     k = min(k, x.size // per)
     if k < 2:
         return None
-    f = (lambda v: float(np.percentile(v, q))) if q is not None else (lambda v: float(v.mean()))
+    f = (lambda v: F.percentile(v, q)) if q is not None else (lambda v: float(v.mean()))
     return [f(c) for c in np.array_split(x, k)]
 
 

@@ -32,7 +32,7 @@ SUMMARY_KEYS = (
     "steps", "wall_s", "baseline_s", "excluded_s", "step_ms", "gap_ms", "idle_fraction", "mbu",
     "tokens_per_s", "ttft_ms", "tpot_ms", "requests", "dropped", "peak", "achieved_gbps", "verdict",
     "steps_per_s", "stage_ms_mean", "goodput_rps", "profiled_steps", "excluded", "exit_hist",
-    "mean_exit_depth", "acceptance_rate", "mean_acceptance_len", "engine", "random_weights",
+    "mean_exit_depth", "loop_ms", "loop_tokens", "acceptance_rate", "mean_acceptance_len", "engine", "random_weights",
     "figures_from", "statistics", "metrics", "warning",
 )  # fmt: skip
 """The top-level keys of ``rltperf summary --json``: the same for every kind of target
@@ -84,6 +84,8 @@ def summarize(
     }
     out["exit_hist"] = w.exit_hist
     out["mean_exit_depth"] = w.mean_exit_depth
+    out["loop_ms"] = w.loop_ms_mean
+    out["loop_tokens"] = w.loop_tokens_mean
     out["acceptance_rate"] = w.acceptance_rate
     out["mean_acceptance_len"] = w.mean_acceptance_len
     info = stats.info

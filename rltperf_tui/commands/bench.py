@@ -17,13 +17,15 @@ Benchmarks print the figures the targets are stated in; compare ratios from one 
            of a small torch loop with probe + live subscriber vs probe off
   ingest   records decoded and aggregated per second; monitor CPU at 1000 steps/s
   engine   reference engine decode MBU against this machine's copy bandwidth
-  capture  keypress-to-first-captured-step, capture slow-down, export cost per mode"""
+  capture  keypress-to-first-captured-step, capture slow-down, export cost per mode
+  loops    vLLM Ouro model: step time with per-loop timing on vs off, interleaved"""
 
 BENCHES: dict[str, str] = {
     "probe": "rltperf_tui.bench.probe",
     "ingest": "rltperf_tui.bench.ingest",
     "engine": "rltperf_tui.bench.engine",
     "capture": "rltperf_tui.bench.capture",
+    "loops": "rltperf_tui.bench.loops",
 }
 
 

@@ -96,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
         if from_metrics
         else "(percentiles of pooled samples over the whole recording)",
     ]
+    from rltperf_tui.analysis.loops import render
+
+    lines[-1:-1] = render(out.get("loop_ms"), out.get("exit_hist"), "mean per step")
     m = out.get("metrics")
     if m:
         lines += [

@@ -24,7 +24,7 @@ from engine_adapters.definitions.announcement import FORMAT, alive, private_dir,
 from engine_adapters.definitions.contract import is_unknown
 from engine_adapters.definitions.records import EngineInfo
 
-ENABLE_HINT = "start the server with RLTPERF_PROBE=HOST:PORT or RLTPERF_ANNOUNCE=1 and rltperf installed"
+ENABLE_HINT = "install rltperf in the server's environment (its vLLM plugin announces the server; RLTPERF_ANNOUNCE=0 turns that off)"
 _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine_adapters.definitions import looped_cost
 from engine_adapters.definitions.records import HistogramDelta, MetricsSample
 from engine_adapters.monitor.vllm.exposition import Family, read_families
 
@@ -94,15 +95,15 @@ class LmHead:
 
     def flops(self, steps: float, tokens: float) -> float:
         """FLOPs of the LM head over ``steps`` steps that produced ``tokens`` logits rows."""
-        return 2.0 * tokens * self.hidden * self.vocab
+        return looped_cost.head_flops(self.hidden, self.vocab, tokens)
 
     def read_bytes(self, steps: float, tokens: float) -> float:
         """Bytes the LM head reads over the interval (weight once per step, inputs)."""
-        return (steps * self.hidden * self.vocab + tokens * self.hidden) * self.bytes_per_elem
+        return looped_cost.head_read_bytes(self.hidden, self.vocab, self.bytes_per_elem, steps, tokens)
 
     def write_bytes(self, steps: float, tokens: float) -> float:
         """Bytes the LM head writes over the interval (the logits)."""
-        return tokens * self.vocab * self.bytes_per_elem
+        return looped_cost.head_write_bytes(self.vocab, self.bytes_per_elem, tokens)
 
 
 def lm_head_from(config: dict[str, object] | None) -> LmHead | None:
@@ -124,8 +125,8 @@ def lm_head_from(config: dict[str, object] | None) -> LmHead | None:
 
 
 def loop_corrected(value: float, head_share: float, loops: float) -> float:
-    """``k·X − (k − 1)·H`` (see ``LmHead``), with ``H`` capped at ``X``."""
-    return loops * value - (loops - 1.0) * min(max(0.0, head_share), value)
+    """``k·X − (k − 1)·H`` (see ``LmHead``), with ``H`` capped at ``X`` (``definitions.looped_cost``)."""
+    return looped_cost.loop_corrected(value, head_share, loops)
 
 
 @dataclass
@@ -177,9 +178,8 @@ def parse_scrape(text: str, ts_ns: int) -> Scrape:
             continue
         if fam.type == "counter":
             for sname, labels, value, _ in fam.samples:
-                name = (
-                    sname if sname.endswith("_total") else sname + "_total"
-                )  # a counter's sample is *_total
+                # a counter's sample is *_total (a 0.0.4 counter named without it gets it)
+                name = sname if sname.endswith("_total") else sname + "_total"
                 eng = labels.get("engine")
                 if eng is not None:
                     out.engines.add(eng)

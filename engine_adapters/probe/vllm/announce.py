@@ -2,8 +2,8 @@
 
 vLLM 0.32 does not say over HTTP where its profiler writes (``/server_info`` exists
 only with ``VLLM_SERVER_DEV_MODE``), nor its dtype or device.  So, when the rltperf
-plugin is enabled (``RLTPERF_PROBE`` set, or ``RLTPERF_ANNOUNCE=1`` for the
-announcement alone; ``RLTPERF_ANNOUNCE=0`` turns it off), vLLM's engine-core process
+plugin is installed in the server's environment (``RLTPERF_ANNOUNCE=0`` turns it off;
+no ``RLTPERF_PROBE`` is needed), vLLM's engine-core process
 writes one small JSON file when its busy loop starts and removes it when the loop ends
 (and at exit)::
 
@@ -81,10 +81,7 @@ _patched: set[type] = set()
 
 def enabled() -> bool:
     """Whether this process should announce (see the module docstring)."""
-    flag = os.environ.get(ENV_ANNOUNCE, "").strip()
-    if flag in ("0", "1"):
-        return flag == "1"
-    return bool(os.environ.get("RLTPERF_PROBE", "").strip())
+    return os.environ.get(ENV_ANNOUNCE, "").strip() != "0"
 
 
 def maybe_enable() -> bool:

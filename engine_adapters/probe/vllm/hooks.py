@@ -219,7 +219,9 @@ def engine_info(core: Any, loops: int | None) -> dict[str, Any]:
         "loop_config": (
             f"looped: {loops} passes over the layers (config)" if loops and loops > 1 else "not looped"
         ),
-        "kv_policy": None if loops and loops > 1 else "shared",
+        "kv_policy": ("per_depth" if "OuroForCausalLM" in shape.get("architectures", ()) else None)
+        if loops and loops > 1
+        else "shared",
         "spec_config": str(spec) if spec is not None else None,
         "kv_capacity_blocks": blocks,
         "kv_block_tokens": cc.block_size,
@@ -269,6 +271,7 @@ class Tap:
         self.broken = False
         self.reqs: OrderedDict[str, _Req] = OrderedDict()
         self.steps = 0
+        self.loops: Any = None  # loops.LoopFacts for a looped model whose structure is known
         from vllm.v1.utils import compute_iteration_details
 
         self._details = compute_iteration_details
@@ -488,6 +491,8 @@ class Tap:
         pre = getattr(self.scheduled, "preempted_req_ids", None) if self.scheduled is not None else None
         if pre:
             facts["preempted"] = len(pre)
+        if self.loops is not None:
+            facts.update(self.loops.facts(so, used, st.batch))
         if self.profiling:
             facts["flags"] = FLAG_PROFILED
         st.set(**facts)
@@ -497,6 +502,8 @@ class Tap:
     def close(self, reason: str) -> None:
         """Stop the probe (engine core shutting down)."""
         self.broken = True
+        if self.loops is not None:
+            self.loops.close()
         try:
             self.probe.close(reason, timeout=2.0)
         except Exception:
@@ -522,6 +529,9 @@ def attach(core: Any, listen: str) -> Tap | None:
             getattr(core.vllm_config.model_config, "hf_text_config", None) or hf
         ) or _loop_count(hf)
     info = engine_info(core, loops)
+    from engine_adapters.probe.vllm.loops import loop_config
+
+    info["loop_config"] = loop_config(core, loops) or info["loop_config"]
     addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     probe = Probe(
         addr,
@@ -535,6 +545,11 @@ def attach(core: Any, listen: str) -> Tap | None:
         captures=CAPTURE_REFUSAL,
     )
     tap = Tap(core, probe, float(loops or 1))
+    from engine_adapters.probe.vllm.loops import LoopFacts
+
+    tap.loops = LoopFacts(core, loops)
+    if not tap.loops.known:
+        tap.loops = None
     tap.install()
     log.info(
         "rltperf plugin: probe listening on tcp://%s in the engine core (pid %d); attach with "

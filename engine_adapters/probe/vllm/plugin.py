@@ -1,8 +1,17 @@
 """rltperf's vLLM plugin: the ``vllm.general_plugins`` entry point ``rltperf``.
 
 vLLM calls ``register()`` in every one of its processes whenever rltperf is installed in
-the server's environment, so it does nothing — and imports nothing — unless the server
-was started with ``RLTPERF_PROBE=HOST:PORT``.  Then, inside vLLM's engine-core process,
+the server's environment.  It always registers the looped model Ouro (``ouro/``): the
+config class for ``model_type: ouro`` with transformers' ``AutoConfig`` and the
+architecture ``OuroForCausalLM`` with vLLM's ``ModelRegistry`` as the lazy string
+``engine_adapters.probe.vllm.ouro.model:OuroForCausalLM`` (vLLM 0.32 lists that name as
+"removed in 0.26"; a registered model takes precedence, so no ``--trust-remote-code``
+and none of the checkpoint's Python is needed).  That costs a dictionary entry and the
+import of the small config module (transformers is already loaded in every vLLM
+process); the model's module (torch, vllm layers) is imported only when vLLM builds it.
+
+Everything else is inert unless the server was started with
+``RLTPERF_PROBE=HOST:PORT``.  Then, inside vLLM's engine-core process,
 an rltperf probe listens on that address and emits one step record per engine step
 (stages schedule / execute_model / wait_model / sample / update, batch composition,
 queue, KV, speculative stats) and the request records::
@@ -10,9 +19,16 @@ queue, KV, speculative stats) and the request records::
     RLTPERF_PROBE=127.0.0.1:7788 vllm serve MODEL ...
     rltperf attach tcp://127.0.0.1:7788
 
-``RLTPERF_ANNOUNCE=1`` alone only writes the server's announcement for monitors on this
-host (``announce.py``: profiler directory, dtype, device).  ``RLTPERF_TOKEN`` is required for a non-loopback address; ``RLTPERF_LOOP_COUNT`` corrects
-vLLM's byte/FLOP estimates for a looped model.  ``VLLM_PLUGINS`` can exclude the plugin.
+Without ``RLTPERF_PROBE`` the plugin still writes the server's announcement for
+monitors on this host (``announce.py``: profiler directory, dtype, device, pids; one
+small file, removed when the server stops); ``RLTPERF_ANNOUNCE=0`` turns that off.  ``RLTPERF_TOKEN`` is required
+for a non-loopback address; ``RLTPERF_LOOP_COUNT`` corrects vLLM's byte/FLOP estimates
+for a looped model.  For Ouro the step records also carry per-loop time, tokens per
+pass, exits, KV per depth, busy time and bytes/FLOPs from the model's structure
+(``loops.py``): the model writes one record per forward into a ring file named by
+``RLTPERF_LOOP_RING`` (set here, inherited by the engine core and its workers);
+``RLTPERF_LOOP_TIMING=0`` turns that recording off.  ``VLLM_PLUGINS`` can exclude the
+plugin.
 What depends on vLLM's internals (and the supported version range) is in ``hooks.py``.
 """
 
@@ -24,19 +40,47 @@ ENV = "RLTPERF_PROBE"
 """Environment variable that enables the plugin: the probe's ``HOST:PORT``."""
 
 _registered = False
+_models_registered = False
+
+
+def register_models() -> None:
+    """Register Ouro's config class and model with transformers and vLLM (idempotent)."""
+    global _models_registered
+    if _models_registered:
+        return
+    _models_registered = True
+    from engine_adapters.probe.vllm.ouro import ARCH, MODEL_CLASS
+    from engine_adapters.probe.vllm.ouro.config import register_auto_config
+
+    register_auto_config()
+    from vllm import ModelRegistry
+
+    if ARCH not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCH, MODEL_CLASS)
 
 
 def register() -> None:
-    """vLLM's plugin hook: inert unless ``RLTPERF_PROBE`` is set (see the module docstring)."""
+    """vLLM's plugin hook: registers Ouro; the probe is inert unless ``RLTPERF_PROBE`` is set."""
     global _registered
+    try:
+        register_models()
+    except Exception as exc:  # never break vLLM's start for a model it may not serve
+        import logging
+
+        logging.getLogger("vllm.rltperf").warning("rltperf plugin: Ouro not registered (%s: %s)",
+                                                  type(exc).__name__, exc)  # fmt: skip
     listen = os.environ.get(ENV, "").strip()
-    if listen or os.environ.get("RLTPERF_ANNOUNCE"):  # the server's announcement to monitors (announce.py)
+    if os.environ.get("RLTPERF_ANNOUNCE", "").strip() != "0":  # the server's announcement (announce.py)
         from engine_adapters.probe.vllm import announce
 
         announce.maybe_enable()
     if not listen or _registered:
         return
     _registered = True
+    from engine_adapters.probe.vllm.ouro import loopring
+
+    # the model (in vLLM's worker) writes its per-loop records here; the tap reads them
+    os.environ.setdefault(loopring.ENV_RING, loopring.default_path())
     from engine_adapters.probe.vllm import hooks
 
     hooks.enable(listen)

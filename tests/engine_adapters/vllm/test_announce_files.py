@@ -131,15 +131,15 @@ def test_runtime_dirs_and_privacy(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert where.private_dir(str(priv)) and not where.private_dir(str(link))
 
 
-def test_enabled_by_probe_or_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_enabled_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed is enough (no RLTPERF_PROBE needed); RLTPERF_ANNOUNCE=0 turns it off."""
     monkeypatch.delenv("RLTPERF_PROBE", raising=False)
     monkeypatch.delenv(announce.ENV_ANNOUNCE, raising=False)
-    assert not announce.enabled() and not announce.maybe_enable()  # inert: nothing imported or patched
-    monkeypatch.setenv("RLTPERF_PROBE", "127.0.0.1:7788")
     assert announce.enabled()
     monkeypatch.setenv(announce.ENV_ANNOUNCE, "0")
+    assert not announce.enabled() and not announce.maybe_enable()  # off: nothing imported or patched
+    monkeypatch.setenv("RLTPERF_PROBE", "127.0.0.1:7788")
     assert not announce.enabled()
-    monkeypatch.delenv("RLTPERF_PROBE")
     monkeypatch.setenv(announce.ENV_ANNOUNCE, "1")
     assert announce.enabled()
 

@@ -1,0 +1,371 @@
+"""The numpy column store under the step windows: a ring of step (and request) columns,
+filled a batch at a time, and the running sums that keep the render tick cheap.
+
+Used by ``rltperf_tui.step_windows`` (``TargetStats``'s windows); no Textual.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+from engine_adapters.definitions.records import RequestRecord, StepRecord
+
+MAX_STAGES = 24
+MAX_DEPTH = 16
+
+KINDS = ("decode", "prefill", "mixed", "draft", "verify", "idle")
+KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+"""A step's kind as the small integer kept in the ``kind`` column."""
+
+# Fields of a StepRecord pulled in one C call each (``step_columns``): integers, optional
+# numbers (None: unknown), and per-stage / per-depth lists.
+STEP_INTS = attrgetter(
+    "step_id", "start_ns", "end_ns", "batch", "tokens", "prefill_tokens", "out_tokens", "flags",
+    "spec_drafts", "spec_drafted", "spec_accepted", "preempted",
+)  # fmt: skip
+STEP_OPTS = attrgetter(
+    "busy_ns", "flops", "kv_used", "kv_total", "waiting", "running", "bytes_read", "bytes_written"
+)
+STEP_LISTS = attrgetter("stage_ns", "exit_hist", "loop_ns", "loop_tokens")
+
+
+def opt_column(values: Sequence[float | None]) -> Sequence[float]:
+    """A column of optional numbers with None as NaN (no copy when none is missing)."""
+    if None in values:
+        return [math.nan if v is None else v for v in values]
+    return values  # type: ignore[return-value]
+
+
+def opt_sum(a: Sequence[float | None], b: Sequence[float | None]) -> list[float]:
+    """a + b per row, None counting as 0, NaN when both are None (bytes read + written)."""
+    return [math.nan if x is None and y is None else (x or 0) + (y or 0) for x, y in zip(a, b, strict=True)]
+
+
+def padded_matrix(rows: Sequence[list[int] | None], width: int, dtype: Any) -> np.ndarray:
+    """Rows of variable length (or None) as a zero-padded ``len(rows) x width`` array."""
+    out = np.zeros((len(rows), width), dtype=dtype)
+    if rows[0] is None and rows[-1] is None and None in rows and rows.count(None) == len(rows):
+        return out  # the field is not reported at all
+    try:
+        # The common case, one shape for the whole batch, converts in C; ragged rows or
+        # None make numpy refuse, and the loop below handles them.
+        a = np.array(rows, dtype=dtype)
+    except (ValueError, TypeError):
+        a = None
+    if a is not None and a.ndim == 2:
+        m = min(a.shape[1], width)
+        out[:, :m] = a[:, :m]
+        return out
+    for i, r in enumerate(rows):
+        if r:
+            m = min(len(r), width)
+            out[i, :m] = r[:m]
+    return out
+
+
+class Ring:
+    """Fixed-capacity column store; ``grow=True`` doubles instead of overwriting."""
+
+    def __init__(self, capacity: int, columns: dict[str, tuple[Any, tuple[int, ...]]], grow: bool) -> None:
+        self.cap = capacity
+        self.grow = grow
+        self.n = 0  # total appended
+        self.cols: dict[str, np.ndarray] = {
+            name: np.zeros((capacity, *shape), dtype=dt) for name, (dt, shape) in columns.items()
+        }
+
+    def __len__(self) -> int:
+        return min(self.n, self.cap)
+
+    def _ensure(self, extra: int) -> None:
+        if not self.grow or self.n + extra <= self.cap:
+            return
+        new = self.cap
+        while new < self.n + extra:
+            new *= 2
+        for name, arr in self.cols.items():
+            bigger = np.zeros((new, *arr.shape[1:]), dtype=arr.dtype)
+            bigger[: self.n] = arr[: self.n]
+            self.cols[name] = bigger
+        self.cap = new
+
+    def append(self, batch: dict[str, Any], count: int) -> None:
+        """Append ``count`` rows given as column -> list/array."""
+        if count == 0:
+            return
+        self._ensure(count)
+        cap = self.cap
+        if count > cap:  # keep only the newest cap rows
+            batch = {k: np.asarray(v)[-cap:] for k, v in batch.items()}
+            self.n += count - cap
+            count = cap
+        start = self.n % cap
+        end = start + count
+        for name, values in batch.items():
+            col = self.cols[name]
+            arr = np.asarray(values, dtype=col.dtype)
+            if end <= cap:
+                col[start:end] = arr
+            else:
+                k = cap - start
+                col[start:] = arr[:k]
+                col[: end - cap] = arr[k:]
+        self.n += count
+
+    def rows(self, name: str, a: int, b: int) -> np.ndarray:
+        """Rows ``a`` to ``b`` (absolute append numbers, still kept) of a column."""
+        col = self.cols[name]
+        if b <= a:
+            return col[:0]
+        cap = self.cap
+        i, j = a % cap, b % cap
+        if i < j or j == 0:
+            return col[i : j or cap]
+        return np.concatenate((col[i:], col[:j]))
+
+    def last(self, name: str, k: int | None = None) -> np.ndarray:
+        """The newest ``k`` (default all kept) values of a column, oldest first."""
+        size = len(self)
+        k = size if k is None else min(k, size)
+        if k <= 0:
+            col = self.cols[name]
+            return col[:0]
+        col = self.cols[name]
+        end = self.n % self.cap if self.n >= self.cap else self.n
+        start = end - k
+        if start >= 0:
+            return col[start:end]
+        return np.concatenate((col[start:], col[:end]))
+
+
+STEP_COLS: dict[str, tuple[Any, tuple[int, ...]]] = {
+    "step_id": (np.int64, ()),
+    "start": (np.int64, ()),
+    "end": (np.int64, ()),
+    "kind": (np.int8, ()),
+    "batch": (np.int32, ()),
+    "tokens": (np.int32, ()),
+    "prefill": (np.int32, ()),
+    "out_tokens": (np.int32, ()),
+    "busy": (np.float64, ()),  # NaN = unknown
+    "bytes": (np.float64, ()),  # read + written, NaN = unknown
+    "flops": (np.float64, ()),
+    "flags": (np.int32, ()),
+    "kv_used": (np.float64, ()),
+    "kv_total": (np.float64, ()),
+    "waiting": (np.float64, ()),
+    "running": (np.float64, ()),
+    "drafts": (np.int32, ()),
+    "drafted": (np.int32, ()),
+    "accepted": (np.int32, ()),
+    "preempted": (np.int32, ()),
+    "stages": (np.int64, (MAX_STAGES,)),
+    "exit": (np.int32, (MAX_DEPTH,)),
+    "loop_ns": (np.int64, (MAX_DEPTH,)),
+    "loop_tokens": (np.int32, (MAX_DEPTH,)),
+}
+REQ_COLS: dict[str, tuple[Any, tuple[int, ...]]] = {
+    "arrival": (np.int64, ()),
+    "finish": (np.int64, ()),
+    "ttft": (np.float64, ()),  # ns, NaN = no first token
+    "tpot": (np.float64, ()),  # ns, NaN = fewer than 2 tokens
+    "out": (np.int32, ()),
+    "prompt": (np.int32, ()),
+    "ok": (np.bool_, ()),
+}
+
+
+class WindowSums:
+    """Column sums of the per-step matrices (stages, exits, loop time and tokens) over a
+    window of rows, slid forward by adding the rows that entered and subtracting those
+    that left (integers: exact).  Summing 10 000 rows x 72 columns afresh at each render
+    tick was the largest part of the monitor's window statistics at 1000 steps/s."""
+
+    COLS = ("stages", "exit", "loop_ns", "loop_tokens")
+
+    def __init__(self) -> None:
+        self.lo = 0
+        self.hi = 0
+        self.sums: dict[str, np.ndarray] | None = None
+
+    def get(self, ring: Ring, lo: int, hi: int) -> dict[str, np.ndarray]:
+        """Sums over absolute rows ``lo`` to ``hi`` (both still in ``ring``)."""
+        oldest = ring.n - len(ring)
+        sums = self.sums
+        moved = (lo - self.lo) + (hi - self.hi)
+        if (
+            sums is None
+            or lo < self.lo
+            or hi < self.hi
+            or self.lo < oldest
+            or lo > self.hi
+            or moved > hi - lo
+        ):
+            sums = {c: ring.rows(c, lo, hi).sum(axis=0, dtype=np.int64) for c in self.COLS}
+        else:
+            for c in self.COLS:
+                if hi > self.hi:
+                    sums[c] += ring.rows(c, self.hi, hi).sum(axis=0, dtype=np.int64)
+                if lo > self.lo:
+                    sums[c] -= ring.rows(c, self.lo, lo).sum(axis=0, dtype=np.int64)
+        self.sums, self.lo, self.hi = sums, lo, hi
+        return sums
+
+
+class TimelineSums:
+    """Per-bucket sums of steps for the timeline chart, kept up to date from only the
+    rows appended since the last call (a render tick at 1000 steps/s adds ~500 rows to a
+    30 s window of 30 000; recomputing the whole window each tick was a tenth of the
+    monitor's CPU).  Buckets are aligned to absolute time, multiples of ``bucket_ns``, so
+    a finished bucket never changes and the chart does not jitter between ticks.
+
+    A bucket's row: ``[steps, sum of step ns, sum of gap ns, gaps, stage ns sums...]``;
+    a gap belongs to the bucket of the step after it and is only counted between
+    consecutive step ids (a drop is not a gap).
+    """
+
+    HEAD = 4
+
+    def __init__(self, bucket_ns: int, keep: int) -> None:
+        self.bucket_ns = bucket_ns
+        self.keep = keep  # buckets kept behind the newest
+        self.seen = 0  # steps.n already summed
+        self.prev_end: int | None = None
+        self.prev_id: int | None = None
+        self.sums: dict[int, np.ndarray] = {}
+
+    def update(self, steps: Ring, since_ns: int) -> None:
+        new = min(steps.n - self.seen, len(steps))
+        self.seen = steps.n
+        if new <= 0:
+            return
+        all_end = steps.last("end", new)
+        all_ids = steps.last("step_id", new)
+        lo = int(np.searchsorted(all_end, since_ns, side="right"))
+        if lo >= new:
+            self.prev_end, self.prev_id = int(all_end[-1]), int(all_ids[-1])
+            return
+        end, ids = all_end[lo:], all_ids[lo:]
+        start = steps.last("start", new)[lo:]
+        stages = steps.last("stages", new)[lo:]
+        n = end.size
+        b = end // self.bucket_ns
+        # the step before each row (the first: the row before it, or the previous call's last)
+        prev_end = np.empty(n, dtype=np.int64)
+        prev_id = np.empty(n, dtype=np.int64)
+        prev_end[1:], prev_id[1:] = end[:-1], ids[:-1]
+        if lo > 0:
+            prev_end[0], prev_id[0] = all_end[lo - 1], all_ids[lo - 1]
+        elif self.prev_end is not None and self.prev_id is not None:
+            prev_end[0], prev_id[0] = self.prev_end, self.prev_id
+        else:
+            prev_end[0], prev_id[0] = 0, -2  # no step before: no gap
+        ok = (ids - prev_id) == 1
+        gap = np.where(ok, start - prev_end, 0)
+        self.prev_end, self.prev_id = int(end[-1]), int(ids[-1])
+        cuts = np.flatnonzero(np.diff(b)) + 1
+        for seg in np.split(np.arange(n), cuts):
+            key = int(b[seg[0]])
+            row = self.sums.get(key)
+            if row is None:
+                row = self.sums[key] = np.zeros(self.HEAD + MAX_STAGES, dtype=np.float64)
+            row[0] += seg.size
+            row[1] += float((end[seg] - start[seg]).sum())
+            row[2] += float(gap[seg].sum())
+            row[3] += float(ok[seg].sum())
+            row[self.HEAD :] += stages[seg].sum(axis=0)
+
+
+def step_columns(
+    steps: list[StepRecord], want_reported: bool = True
+) -> tuple[dict[str, Any], tuple[bool, bool, bool]]:
+    """The columns (``STEP_COLS``) of a batch of steps, and whether any of them reported
+    busy time, bytes and FLOPs (only counted when ``want_reported``; else all False)."""
+    # Columns come out in C: attrgetter pulls many fields of a record in one call and
+    # zip(*rows) transposes; Python-level work per record is a handful of calls.  The
+    # monitor must keep up with 200k records/s (rltperf bench ingest).
+    n = len(steps)
+    (ids, start, end, batch, tokens, prefill, out_tok, flags, drafts, drafted, accepted, preempted) = zip(
+        *map(STEP_INTS, steps), strict=True
+    )
+    (busy, flops, kv_used, kv_total, waiting, running, b_read, b_written) = zip(
+        *map(STEP_OPTS, steps), strict=True
+    )
+    stage_l, exit_l, loop_l, ltok_l = zip(*map(STEP_LISTS, steps), strict=True)
+    reported = (False, False, False)
+    if want_reported:
+        reported = (
+            busy.count(None) < n,
+            b_read.count(None) < n or b_written.count(None) < n,
+            flops.count(None) < n,
+        )
+    nbytes: Any
+    if None in b_read or None in b_written:
+        nbytes = opt_sum(b_read, b_written)
+    else:
+        nbytes = np.add(b_read, b_written, dtype=np.float64)
+    kc = KIND_CODE
+    cols: dict[str, Any] = {
+        "step_id": ids,
+        "start": start,
+        "end": end,
+        "kind": [kc.get(s.kind, 0) for s in steps],
+        "batch": batch,
+        "tokens": tokens,
+        "prefill": prefill,
+        "out_tokens": out_tok,
+        "busy": opt_column(busy),
+        "bytes": nbytes,
+        "flops": opt_column(flops),
+        "flags": flags,
+        "kv_used": opt_column(kv_used),
+        "kv_total": opt_column(kv_total),
+        "waiting": opt_column(waiting),
+        "running": opt_column(running),
+        "drafts": drafts,
+        "drafted": drafted,
+        "accepted": accepted,
+        "preempted": preempted,
+        "stages": padded_matrix(stage_l, MAX_STAGES, np.int64),
+        "exit": padded_matrix(exit_l, MAX_DEPTH, np.int32),
+        "loop_ns": padded_matrix(loop_l, MAX_DEPTH, np.int64),
+        "loop_tokens": padded_matrix(ltok_l, MAX_DEPTH, np.int32),
+    }
+    return cols, reported
+
+
+def request_columns(reqs: list[RequestRecord]) -> dict[str, Any]:
+    """The columns (``REQ_COLS``) of a batch of finished requests: TTFT = first token −
+    arrival, TPOT = (finish − first token) / (output tokens − 1), NaN where undefined."""
+    n = len(reqs)
+    arrival = [0] * n
+    finish = [0] * n
+    ttft = [math.nan] * n
+    tpot = [math.nan] * n
+    out = [0] * n
+    prompt = [0] * n
+    ok = [False] * n
+    for i, r in enumerate(reqs):
+        arrival[i] = r.arrival_ns
+        finish[i] = r.finish_ns
+        if r.first_token_ns is not None:
+            ttft[i] = r.first_token_ns - r.arrival_ns
+            if r.output_tokens > 1:
+                tpot[i] = (r.finish_ns - r.first_token_ns) / (r.output_tokens - 1)
+        out[i] = r.output_tokens
+        prompt[i] = r.prompt_tokens
+        ok[i] = r.status == "ok"
+    return {
+        "arrival": arrival,
+        "finish": finish,
+        "ttft": ttft,
+        "tpot": tpot,
+        "out": out,
+        "prompt": prompt,
+        "ok": ok,
+    }

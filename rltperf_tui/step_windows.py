@@ -1,0 +1,477 @@
+"""The step windows: a target's steps and requests in numpy rings, and every per-window
+statistic drawn from them (``window()``, ``timeline()``, ``idle_gaps()``...).
+
+``TargetStats`` (``rltperf_tui.aggregator``) composes this with the connection and
+capture state (``rltperf_tui.stream_state``); the two share one ``StreamClock``.
+Metric definitions: the window rates (idle, MBU, tokens/s, steps/s, goodput) are
+``engine_adapters.definitions.figures``'s, the percentiles of pooled samples are its
+``pct()``; docs/ARCHITECTURE.md says where each figure is defined.  No Textual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine_adapters.definitions import figures as F
+from engine_adapters.definitions.figures import pct
+from engine_adapters.definitions.records import (
+    FLAG_EXPORTING,
+    FLAG_PROFILED,
+    FLAG_WARMUP,
+    Ceiling,
+    RequestRecord,
+    StepRecord,
+)
+from rltperf_tui import roofline
+from rltperf_tui.step_rings import (
+    MAX_DEPTH,
+    MAX_STAGES,
+    REQ_COLS,
+    STEP_COLS,
+    Ring,
+    TimelineSums,
+    WindowSums,
+    request_columns,
+    step_columns,
+)
+from rltperf_tui.stream_state import StreamClock
+from rltperf_tui.window_stats import IdleGap, Window
+
+
+class StepWindows:
+    """A target's steps and requests as numpy columns, and the statistics of a window
+    over them.  ``clock`` is shared with the target's ``StreamState``."""
+
+    def __init__(self, clock: StreamClock, capacity: int = 32768, grow: bool = False) -> None:
+        self.clock = clock
+        self.steps = Ring(capacity, STEP_COLS, grow)
+        """Step columns (``step_rings.STEP_COLS``), oldest overwritten unless ``grow``."""
+        self.reqs = Ring(max(1024, capacity // 4), REQ_COLS, grow)
+        """Request columns (``step_rings.REQ_COLS``)."""
+        self.id_gaps = 0
+        """Step ids missing from the stream (records dropped on the way)."""
+        self.last_step_id: int | None = None
+        self.last_step: StepRecord | None = None
+        self.reported: tuple[bool, bool, bool] = (False, False, False)
+        """Whether any step so far reported busy time, bytes, FLOPs (a window without such
+        steps then reads 0, not unknown)."""
+        self._timeline: TimelineSums | None = None
+        self._wsums: dict[float | None, WindowSums] = {}
+
+    # -- ingest ------------------------------------------------------------------------------
+
+    def add_steps(self, steps: list[StepRecord]) -> None:
+        """Append a batch of steps (stream order) and move the clock to its end."""
+        n = len(steps)
+        rep = self.reported
+        want = not (rep[0] and rep[1] and rep[2])
+        cols, batch_rep = step_columns(steps, want)
+        ids = cols["step_id"]
+        prev = self.last_step_id
+        gaps = 0
+        if prev is not None and ids[0] > prev + 1:
+            gaps += ids[0] - prev - 1
+        if ids[-1] - ids[0] != n - 1:  # holes inside the batch (dropped records)
+            for i in range(1, n):
+                d = ids[i] - ids[i - 1]
+                if d > 1:
+                    gaps += d - 1
+        self.id_gaps += gaps
+        self.last_step_id = ids[-1]
+        self.last_step = steps[-1]
+        self.clock.steps_ended(cols["start"][0], cols["end"][-1])
+        if want:
+            self.reported = (rep[0] or batch_rep[0], rep[1] or batch_rep[1], rep[2] or batch_rep[2])
+        self.steps.append(cols, n)
+
+    def add_requests(self, reqs: list[RequestRecord]) -> None:
+        """Append a batch of finished requests (TTFT and TPOT as defined in records.py)."""
+        cols = request_columns(reqs)
+        self.clock.now_ns = max(self.clock.now_ns, max(cols["finish"]))
+        self.reqs.append(cols, len(reqs))
+
+    # -- which rows a window holds -----------------------------------------------------------
+
+    def kept_seconds(self) -> float | None:
+        """The window that holds exactly what the step ring still keeps: None (the whole
+        stream) until the ring has overwritten old steps, then from the oldest kept
+        step's start to now.  Whole-stream figures of a bounded ring use it."""
+        if self.steps.n <= len(self.steps) or not len(self.steps):
+            return None
+        oldest = int(self.steps.last("start", len(self.steps))[0])
+        return max(0.0, (self.clock.vouched_ns - oldest) / 1e9)
+
+    def _window_rows(self, seconds: float | None) -> int:
+        """How many of the newest kept steps end inside the window of the last ``seconds``
+        (None: all kept)."""
+        rows = len(self.steps)
+        if rows and seconds is not None:
+            w0, _ = self.clock.window_bounds(seconds)
+            rows -= int(np.searchsorted(self.steps.last("end"), w0, side="right"))
+        return rows
+
+    def _window_cols(self, seconds: float | None, rows: int | None = None) -> Any:
+        """``col(name)``: the rows of a step column that end inside the window of the last
+        ``seconds`` (None: all kept), copying only those rows (a whole-ring copy of the
+        stage matrix is megabytes, at every render tick); ``rows``: ``_window_rows``
+        when the caller has it."""
+        if rows is None:
+            rows = self._window_rows(seconds)
+        last = self.steps.last
+
+        def col(name: str) -> np.ndarray:
+            return last(name, rows)
+
+        return col
+
+    def _matrix_sums(self, seconds: float | None, n: int) -> dict[str, np.ndarray]:
+        """Column sums of the per-step matrices over the newest ``n`` rows, slid forward
+        from the previous call for the same ``seconds`` (``WindowSums``)."""
+        ws = self._wsums.get(seconds)
+        if ws is None:
+            if len(self._wsums) >= 4:
+                self._wsums.pop(next(iter(self._wsums)))
+            ws = self._wsums[seconds] = WindowSums()
+        return ws.get(self.steps, self.steps.n - n, self.steps.n)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def window(
+        self,
+        seconds: float | None = 10.0,
+        slo_ttft_ms: float | None = None,
+        slo_tpot_ms: float | None = None,
+        *,
+        ceiling: Ceiling | None = None,
+        stage_names: list[str] | None = None,
+        max_loops: int | None = None,
+    ) -> Window:
+        """Statistics over the window of the last ``seconds`` of data time (None: the whole
+        stream); rates are ``engine_adapters.definitions.figures``'s, percentiles leave excluded steps
+        (profiled, exporting, warm-up) and the requests in flight during them out.
+        ``ceiling``: the peaks for MBU and the roofline; ``max_loops``: the engine's loop
+        depth (None: the deepest exit seen)."""
+        clock = self.clock
+        names = stage_names or []
+        w0, w1 = clock.window_bounds(seconds)
+        n = self._window_rows(seconds)
+        col = self._window_cols(seconds, n)
+        start_x = self.steps.last("start", n + 1)  # and the step before the window, when kept
+        end_x = self.steps.last("end", n + 1)
+        k = start_x.size - n  # 1 when the step before the window is kept
+        start = start_x[k:]
+        end = end_x[k:]
+        ids = col("step_id")
+        flags = col("flags")
+        peak_bw = ceiling.peak_bw_gbps if ceiling else None
+        peak_fl = ceiling.peak_gflops if ceiling else None
+        # each step owns the time from the previous step's end (figures.owned_from)
+        t0 = int(end_x[0]) if k else (clock.first_ns if clock.first_ns is not None else w0)
+        owned_lo = F.owned_from(start, end, t0)
+        busy = col("busy")
+        nbytes = col("bytes")
+        flops = col("flops")
+        fig = F.window_figures(
+            start=start,
+            end=end,
+            flags=flags,
+            busy=busy,
+            nbytes=nbytes,
+            flops=flops,
+            tokens=col("out_tokens"),
+            w0_ns=w0,
+            w1_ns=w1,
+            owned_lo=owned_lo,
+            reported=self.reported,
+        )
+        keep = (flags & F.EXCLUDED_FLAGS) == 0
+        n_keep = int(keep.sum())
+        dur = (end - start).astype(np.float64)
+        dur_k = dur[keep]
+        consec = (np.diff(ids) == 1) & keep[1:] & keep[:-1]
+        gaps = (start[1:] - end[:-1]).astype(np.float64)[consec] if n > 1 else np.zeros(0)
+        sums = self._matrix_sums(seconds, n)
+        if n_keep < n:  # take the few excluded rows back out of the sliding sums
+            sums = {c: v - col(c)[~keep].sum(axis=0, dtype=np.int64) for c, v in sums.items()}
+        stage_mean = {}
+        if n_keep:
+            means = sums["stages"][: len(names)] / n_keep / 1e6 if names else np.zeros(0)
+            stage_mean = {nm: float(v) for nm, v in zip(names, means, strict=False) if v > 0}
+        known = ~np.isnan(busy) & keep
+        in_step_idle = None
+        if known.any() and dur[known].sum() > 0:
+            in_step_idle = float(1.0 - min(1.0, busy[known].sum() / dur[known].sum()))
+        rf = roofline.window_roofline(
+            total_bytes=fig.nbytes,
+            total_flops=fig.flops,
+            seconds=fig.seconds,
+            peak_bw_gbps=peak_bw,
+            peak_gflops=peak_fl,
+            in_step_idle=in_step_idle,
+        )
+        req = self._request_figures(w0, fig, slo_ttft_ms, slo_tpot_ms)
+        exit_list, mean_depth, loop_ms, loop_tk = _loop_figures(sums, n_keep, max_loops)
+        drafts = int(col("drafts")[keep].sum())
+        drafted = int(col("drafted")[keep].sum())
+        accepted = int(col("accepted")[keep].sum())
+        return Window(
+            seconds=float(seconds) if seconds is not None else fig.wall_s,
+            span_s=fig.wall_s,
+            steps=n_keep,
+            step_ms=pct(dur_k / 1e6),
+            gap_ms=pct(gaps / 1e6),
+            step_ms_mean=float(dur_k.mean() / 1e6) if n_keep else None,
+            stage_ms_mean=stage_mean,
+            idle_fraction=fig.idle_fraction,
+            busy_known_steps=int(known.sum()),
+            achieved_gbps=rf.achieved_gbps,
+            achieved_gflops=rf.achieved_gflops,
+            mbu=rf.mbu,
+            mbu_overcount=rf.mbu is not None and rf.mbu > 1.0,
+            intensity=rf.intensity,
+            balance=rf.balance,
+            verdict=rf.verdict,
+            ceiling_ms_p50=_ceiling_ms_p50(nbytes, flops, keep, peak_bw, peak_fl),
+            tokens_per_s=fig.tokens_per_s if n or fig.seconds > 0 else None,
+            steps_per_s=fig.steps_per_s,
+            ttft_ms=pct(req.ttft_ms),
+            tpot_ms=pct(req.tpot_ms),
+            requests_ok=req.ok,
+            requests_failed=req.failed,
+            goodput_rps=req.goodput_rps,
+            exit_hist=exit_list,
+            mean_exit_depth=mean_depth,
+            loop_ms_mean=loop_ms,
+            loop_tokens_mean=loop_tk,
+            spec_drafts=drafts,
+            spec_drafted=drafted,
+            spec_accepted=accepted,
+            acceptance_rate=accepted / drafted if drafted else None,
+            mean_acceptance_len=1.0 + accepted / drafts if drafts else None,
+            profiled_steps=int(((flags & FLAG_PROFILED) != 0).sum()),
+            warmup_steps=int(((flags & FLAG_WARMUP) != 0).sum()),
+            exporting_steps=int(((flags & FLAG_EXPORTING) != 0).sum()),
+            baseline_s=fig.seconds,
+            excluded_s=fig.excluded_s,
+            requests_excluded=req.excluded,
+            quiet_s=clock.quiet_s,
+            in_step_idle=in_step_idle,
+        )
+
+    def _request_figures(
+        self, w0: int, fig: F.WindowFigures, slo_ttft_ms: float | None, slo_tpot_ms: float | None
+    ) -> _RequestFigures:
+        """The requests finishing in the window; those in flight during excluded time leave."""
+        R = self.reqs
+        rfin = R.last("finish")
+        rsl = slice(int(np.searchsorted(rfin, w0, side="right")), rfin.size)
+        ok = R.last("ok")[rsl]
+        ttft = R.last("ttft")[rsl]
+        tpot = R.last("tpot")[rsl]
+        all_flags = self.steps.last("flags")
+        clear = np.ones(ok.size, dtype=bool)
+        if ok.size and (all_flags & F.EXCLUDED_FLAGS).any():
+            a_start = self.steps.last("start")
+            a_end = self.steps.last("end")
+            spans = F.excluded_spans(a_start, a_end, all_flags)
+            clear = F.requests_clear_of(R.last("arrival")[rsl], rfin[rsl], spans)
+        ok_c = ok & clear
+        goodput = None
+        if slo_ttft_ms is not None or slo_tpot_ms is not None:
+            good = ok_c.copy()
+            if slo_ttft_ms is not None:
+                good &= ~np.isnan(ttft) & (ttft / 1e6 <= slo_ttft_ms)
+            if slo_tpot_ms is not None:
+                # a one-token request has no TPOT: it meets the TPOT SLO trivially
+                good &= np.isnan(tpot) | (tpot / 1e6 <= slo_tpot_ms)
+            goodput = fig.per_second(float(good.sum()))
+        return _RequestFigures(
+            ttft_ms=ttft[ok_c & ~np.isnan(ttft)] / 1e6,
+            tpot_ms=tpot[ok_c & ~np.isnan(tpot)] / 1e6,
+            ok=int(ok_c.sum()),
+            failed=int((~ok & clear).sum()),
+            excluded=int((~clear).sum()),
+            goodput_rps=goodput,
+        )
+
+    def timeline(
+        self, seconds: float = 30.0, buckets: int = 60, stage_names: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Per-bucket mean step time by stage and mean gap over the last ``seconds``.
+
+        Buckets are ``seconds / buckets`` long and aligned to absolute time; the newest
+        one holds "now" and is still filling.  Returns ``{"t0_ns", "bucket_s", "stage_ms":
+        {name: array}, "gap_ms": array, "step_ms": array, "steps": [int]}`` (float arrays,
+        one value a bucket); a step counts in the bucket its end falls in; empty buckets
+        hold NaN.
+        """
+        bucket_ns = max(1, int(seconds * 1e9 / buckets))
+        acc = self._timeline
+        if acc is None or acc.bucket_ns != bucket_ns or acc.keep < buckets:
+            acc = self._timeline = TimelineSums(bucket_ns, 2 * buckets)
+            acc.seen = max(0, self.steps.n - len(self.steps))
+        last_b = self.clock.now_ns // bucket_ns
+        first_b = last_b - buckets + 1
+        acc.update(self.steps, first_b * bucket_ns - 1)
+        m = np.zeros((buckets, TimelineSums.HEAD + MAX_STAGES))
+        for i in range(buckets):
+            r = acc.sums.get(first_b + i)
+            if r is not None:
+                m[i] = r
+        cnt = m[:, 0]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per_step = m / cnt[:, None] / 1e6  # NaN where a bucket has no steps
+            gap = m[:, 2] / m[:, 3] / 1e6
+        out: dict[str, Any] = {
+            "t0_ns": first_b * bucket_ns,
+            "bucket_s": bucket_ns / 1e9,
+            "stage_ms": {},
+            "gap_ms": gap,
+            "step_ms": per_step[:, 1],
+            "steps": [int(c) for c in cnt],
+        }
+        h = TimelineSums.HEAD
+        for i, nm in enumerate((stage_names or [])[:MAX_STAGES]):
+            if m[:, h + i].any():
+                out["stage_ms"][nm] = per_step[:, h + i]
+        return out
+
+    def flagged_buckets(self, t0_ns: int, bucket_s: float, buckets: int) -> np.ndarray:
+        """Per timeline bucket (``timeline()``'s ``t0_ns`` and ``bucket_s``): 1 where a
+        step ending in it was profiled, exporting or warm-up (not baseline), else 0."""
+        out = np.zeros(buckets, dtype=np.int8)
+        n = len(self.steps)
+        if not n:
+            return out
+        end = self.steps.last("end")
+        lo = int(np.searchsorted(end, t0_ns, side="left"))
+        flags = self.steps.last("flags")[lo:]
+        hit = (flags & F.EXCLUDED_FLAGS) != 0
+        if hit.any():
+            cols = ((end[lo:][hit] - t0_ns) // int(bucket_s * 1e9)).astype(np.int64)
+            cols = cols[(cols >= 0) & (cols < buckets)]
+            out[cols] = 1
+        return out
+
+    def idle_gaps(
+        self,
+        seconds: float = 30.0,
+        threshold_ms: float | None = None,
+        limit: int = 8,
+        stage_names: list[str] | None = None,
+    ) -> list[IdleGap]:
+        """Gaps between consecutive steps over the threshold, newest first, each with the
+        stage that grew most in the step before it (vs that stage's median in the window).
+
+        Default threshold: max(1 ms, 5 × the median gap).
+        """
+        col = self._window_cols(seconds)
+        start = col("start")
+        end = col("end")
+        ids = col("step_id")
+        if end.size < 2:
+            return []
+        g = (start[1:] - end[:-1]).astype(np.float64)
+        g[np.diff(ids) != 1] = np.nan
+        if threshold_ms is None:
+            med = float(np.nanmedian(g)) / 1e6 if np.any(~np.isnan(g)) else 0.0
+            threshold_ms = max(1.0, 5 * med)
+        idx = np.nonzero(g / 1e6 > threshold_ms)[0]
+        if idx.size == 0:
+            return []
+        stages = col("stages")
+        names = stage_names or []
+        med_st = np.median(stages[:, : len(names)], axis=0) if names else np.zeros(0)
+        out: list[IdleGap] = []
+        for i in idx[::-1][:limit]:
+            grown = None
+            grown_ms = None
+            if names:
+                delta = stages[i, : len(names)] - med_st
+                j = int(np.argmax(delta))
+                if delta[j] > 0:
+                    grown, grown_ms = names[j], float(delta[j] / 1e6)
+            out.append(
+                IdleGap(
+                    at_ns=int(end[i]),
+                    length_ms=float(g[i] / 1e6),
+                    after_step=int(ids[i]),
+                    grown_stage=grown,
+                    grown_ms=grown_ms,
+                )
+            )
+        return out
+
+    def idle_gap_threshold_ms(self, seconds: float = 30.0) -> float:
+        """The default threshold ``idle_gaps`` uses over the window: max(1 ms, 5 x median gap)
+        (so the screen can say which threshold it lists gaps over)."""
+        col = self._window_cols(seconds)
+        start = col("start")
+        end = col("end")
+        ids = col("step_id")
+        if end.size < 2:
+            return 1.0
+        g = (start[1:] - end[:-1]).astype(np.float64)
+        g = g[np.diff(ids) == 1]
+        med = float(np.median(g)) / 1e6 if g.size else 0.0
+        return max(1.0, 5 * med)
+
+    def latest_kv(self) -> dict[str, Any]:
+        """Newest queue and KV figures (None when the engine does not report them)."""
+        s = self.last_step
+        if s is None:
+            return {}
+        return {
+            "waiting": s.waiting,
+            "running": s.running,
+            "kv_used": s.kv_used,
+            "kv_total": s.kv_total,
+            "kv_per_depth": s.kv_per_depth,
+        }
+
+
+@dataclass
+class _RequestFigures:
+    """The requests of one window (``StepWindows._request_figures``)."""
+
+    ttft_ms: np.ndarray
+    """TTFT of the completed requests clear of excluded time, ms."""
+    tpot_ms: np.ndarray
+    """TPOT of those requests (two tokens or more), ms."""
+    ok: int
+    failed: int
+    excluded: int
+    """In flight during excluded (profiled/exporting/warm-up) time: left out."""
+    goodput_rps: float | None
+
+
+def _loop_figures(
+    sums: dict[str, np.ndarray], n_keep: int, max_loops: int | None
+) -> tuple[list[int], float | None, list[float], list[float]]:
+    """Exit-depth histogram, mean exit depth, mean time and tokens per loop depth over
+    the window's matrix sums (``max_loops`` None: the deepest exit seen)."""
+    exit_hist = sums["exit"]
+    depth = int(np.max(np.nonzero(exit_hist)[0]) + 1) if exit_hist.any() else 0
+    max_loops = max_loops or depth
+    exit_list = [int(v) for v in exit_hist[: max(depth, max_loops or 0)]]
+    tot_exit = exit_hist.sum()
+    mean_depth = float((exit_hist * np.arange(1, MAX_DEPTH + 1)).sum() / tot_exit) if tot_exit else None
+    nl = max_loops or 0
+    loop_ms = [float(v) for v in sums["loop_ns"][:nl] / n_keep / 1e6] if n_keep and nl else []
+    loop_tk = [float(v) for v in sums["loop_tokens"][:nl] / n_keep] if n_keep and nl else []
+    return exit_list, mean_depth, loop_ms, loop_tk
+
+
+def _ceiling_ms_p50(
+    nbytes: np.ndarray, flops: np.ndarray, keep: np.ndarray, peak_bw: float | None, peak_fl: float | None
+) -> float | None:
+    """Median per-step roofline ceiling time (ms) of the baseline steps with known bytes."""
+    bknown = ~np.isnan(nbytes) & keep
+    fknown = ~np.isnan(flops)
+    if not (bknown.any() and peak_bw):
+        return None
+    per_step = roofline.ceiling_time_s(nbytes[bknown], np.where(fknown, flops, 0.0)[bknown], peak_bw, peak_fl)
+    return float(np.median(per_step) * 1e3)

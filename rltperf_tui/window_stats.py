@@ -1,0 +1,92 @@
+"""What a window query of ``TargetStats`` returns: ``Window`` (every figure of one window,
+as the screen, ``summary --json`` and the triggers read it) and ``IdleGap``.
+
+Computed in ``rltperf_tui.step_windows``; the definitions are in
+``engine_adapters.definitions.figures`` (docs/ARCHITECTURE.md, "Where each figure is defined").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Window:
+    """Statistics of one window; every figure says what it is in the UI."""
+
+    seconds: float
+    span_s: float
+    """Window wall time (``w1 − w0``), excluded time included."""
+    steps: int
+    step_ms: dict[str, float | None]
+    gap_ms: dict[str, float | None]
+    step_ms_mean: float | None
+    stage_ms_mean: dict[str, float]
+    idle_fraction: float | None
+    busy_known_steps: int
+    achieved_gbps: float | None
+    achieved_gflops: float | None
+    mbu: float | None
+    mbu_overcount: bool
+    intensity: float | None
+    balance: float | None
+    verdict: str
+    ceiling_ms_p50: float | None
+    tokens_per_s: float | None
+    steps_per_s: float | None
+    ttft_ms: dict[str, float | None]
+    tpot_ms: dict[str, float | None]
+    requests_ok: int
+    requests_failed: int
+    goodput_rps: float | None
+    exit_hist: list[int]
+    mean_exit_depth: float | None
+    loop_ms_mean: list[float]
+    loop_tokens_mean: list[float]
+    spec_drafts: int
+    spec_drafted: int
+    spec_accepted: int
+    acceptance_rate: float | None
+    mean_acceptance_len: float | None
+    profiled_steps: int
+    warmup_steps: int
+    exporting_steps: int
+    baseline_s: float = 0.0
+    """The figures' denominator: wall time less ``excluded_s``."""
+    excluded_s: float = 0.0
+    """Time owned by profiled/exporting/warm-up steps (left out of every figure)."""
+    requests_excluded: int = 0
+    """Requests in flight during excluded time (left out of TTFT/TPOT and goodput)."""
+    quiet_s: float = 0.0
+    """Data time since the newest step ended (0 while steps come)."""
+    in_step_idle: float | None = None
+    """1 − Σ busy / Σ step time over the window's steps (the verdict's input)."""
+
+    def as_summary(self) -> dict[str, Any]:
+        """The ``rltperf summary --json`` shape."""
+        return {
+            "steps": self.steps,
+            "wall_s": round(self.span_s, 6),
+            "baseline_s": round(self.baseline_s, 6),
+            "excluded_s": round(self.excluded_s, 6),
+            "step_ms": self.step_ms,
+            "gap_ms": self.gap_ms,
+            "idle_fraction": self.idle_fraction,
+            "mbu": self.mbu,
+            "tokens_per_s": self.tokens_per_s,
+            "ttft_ms": self.ttft_ms,
+            "tpot_ms": self.tpot_ms,
+            "requests": {"ok": self.requests_ok, "failed": self.requests_failed},
+        }
+
+
+@dataclass
+class IdleGap:
+    """A gap between steps longer than the threshold."""
+
+    at_ns: int
+    length_ms: float
+    after_step: int
+    grown_stage: str | None
+    grown_ms: float | None
