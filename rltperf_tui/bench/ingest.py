@@ -327,6 +327,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "measured": False,
             "why": "give --metrics-target vllm+http://HOST:PORT of a running vLLM server",
         }
+    from rltperf_tui.bench.metrics_ingest import stored_page_parse
+
+    res["metrics_only"]["stored_page_parse"] = stored_page_parse()
     res["targets"] = {"records_per_s": ">= 200000", "tui_cpu_fraction": "<= 0.05"}
     res["ok"] = ok
     return res

