@@ -436,7 +436,7 @@ class VllmSession(Session):
                     capture_id=cid,
                 ))  # fmt: skip
                 return cid
-            from engine_adapters.probe.capture import sanitize_label
+            from engine_adapters.definitions.bundle import sanitize_label
 
             lab = sanitize_label(label)
             job = HttpCaptureJob(
