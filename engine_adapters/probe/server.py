@@ -20,7 +20,6 @@ import selectors
 import socket
 import threading
 import time
-from collections import deque
 from time import perf_counter_ns as _clk
 from typing import Any, Protocol
 
@@ -37,17 +36,16 @@ from engine_adapters.definitions.records import (
     Refused,
     StageTable,
 )
-from engine_adapters.definitions.wire import FrameEncoder, FrameError, FrameReader, encode
+from engine_adapters.definitions.wire import FrameEncoder, FrameError, encode
 from engine_adapters.probe.reader import RingReader
 from engine_adapters.probe.ring import StageNames
+from engine_adapters.probe.subscriber import Subscriber
 
 log = logging.getLogger("rltperf.probe")
 
 TICK_S = 0.05
 """Publisher period: latency from step end to frame sent is at most about this
 (the screen refreshes at 2-4 Hz; a shorter period costs the engine GIL time)."""
-MAX_CLIENT_FRAME = 64 * 1024
-"""Clients only send small control frames."""
 CLIENT_READ = 4096
 """Bytes read from a client per turn: a client sends a hello and a few requests a
 minute, and a flood is cut off after ``MAX_REQUESTS_PER_S`` requests, not after
@@ -56,7 +54,6 @@ MAX_SUBSCRIBERS = 64
 """Subscribers (after their hello) served at once."""
 MAX_PENDING = 256
 """Connections waiting for their hello; beyond this the oldest is dropped."""
-HELLO_TIMEOUT_S = 5.0
 STATS_EVERY_S = 1.0
 DATA_QUEUE_RECORDS = 4096
 """Data records queued per subscriber before the oldest are dropped."""
@@ -80,47 +77,6 @@ class CaptureService(Protocol):
     def request(self, cap: Capture, live: dict[str, Any]) -> Refused | None: ...
 
     def check_timeout(self) -> None: ...
-
-
-class _Subscriber:
-    __slots__ = (
-        "addr",
-        "authed",
-        "closing",
-        "ctrl",
-        "data",
-        "data_bytes",
-        "data_records",
-        "dropped",
-        "hello_deadline",
-        "out",
-        "reader",
-        "req_count",
-        "req_window",
-        "sock",
-        "stats_queued",
-        "token",
-        "want_write",
-    )
-
-    def __init__(self, sock: socket.socket, addr: str) -> None:
-        self.sock = sock
-        self.addr = addr
-        self.reader = FrameReader(MAX_CLIENT_FRAME)
-        self.authed = False
-        self.closing = False
-        self.ctrl: deque[bytes | None] = deque()  # None: a Stats, encoded when it is sent
-        self.stats_queued = False
-        self.req_count = 0
-        self.req_window = 0.0
-        self.data: deque[tuple[bytes, int]] = deque()
-        self.data_bytes = 0
-        self.data_records = 0
-        self.dropped = 0
-        self.out: memoryview | None = None
-        self.hello_deadline = time.monotonic() + HELLO_TIMEOUT_S
-        self.token: str | None = None
-        self.want_write = False
 
 
 class Publisher(threading.Thread):
@@ -169,7 +125,7 @@ class Publisher(threading.Thread):
         self.address = f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._lsock, selectors.EVENT_READ, None)
-        self._subs: list[_Subscriber] = []
+        self._subs: list[Subscriber] = []
         self._stop_ev = threading.Event()
         self._enc = FrameEncoder()
         self._n_stages_sent = len(stages)
@@ -259,11 +215,11 @@ class Publisher(threading.Thread):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
-        sub = _Subscriber(sock, peer)
+        sub = Subscriber(sock, peer)
         self._subs.append(sub)
         self._sel.register(sock, selectors.EVENT_READ, sub)
 
-    def _read(self, sub: _Subscriber) -> None:
+    def _read(self, sub: Subscriber) -> None:
         try:
             data = sub.sock.recv(CLIENT_READ)
         except BlockingIOError:
@@ -285,7 +241,7 @@ class Publisher(threading.Thread):
             if not self._handle(sub, rec):
                 return
 
-    def _handle(self, sub: _Subscriber, rec: Record) -> bool:
+    def _handle(self, sub: Subscriber, rec: Record) -> bool:
         if not sub.authed:
             if not isinstance(rec, ClientHello):
                 self._close_sub(sub, f"expected ClientHello first, got {type(rec).__name__}")
@@ -360,7 +316,7 @@ class Publisher(threading.Thread):
             )
         return self._hello_cache
 
-    def _refuse_and_close(self, sub: _Subscriber, reason: str) -> None:
+    def _refuse_and_close(self, sub: Subscriber, reason: str) -> None:
         self._log_limited("refusing %s: %s", sub.addr, reason)
         sub.ctrl.append(encode(Refused(reason=reason)))  # before the hello: the queue is short
         sub.closing = True
@@ -369,17 +325,17 @@ class Publisher(threading.Thread):
         if sub.out is None and not sub.ctrl:
             self._close_sub(sub, reason, level=logging.DEBUG)
 
-    def _send_stats(self, sub: _Subscriber) -> None:
+    def _send_stats(self, sub: Subscriber) -> None:
         # Coalesced: one Stats waits at most, and it is encoded when sent (fresh figures).
         if not sub.stats_queued:
             sub.stats_queued = True
             sub.ctrl.append(None)
 
-    def _stats_frame(self, sub: _Subscriber) -> bytes:
+    def _stats_frame(self, sub: Subscriber) -> bytes:
         sub.stats_queued = False
         return encode(self.reader.heartbeat(sub.dropped, sum(1 for s in self._subs if s.authed)))
 
-    def _queue_ctrl(self, sub: _Subscriber, frame: bytes) -> bool:
+    def _queue_ctrl(self, sub: Subscriber, frame: bytes) -> bool:
         """Queue a control frame; False (and the subscriber closed) when its control
         queue is full: replies are never dropped, so one that reads none must go."""
         if len(sub.ctrl) >= MAX_CTRL_FRAMES:
@@ -393,7 +349,7 @@ class Publisher(threading.Thread):
             if sub.authed and not sub.closing:
                 self._queue_ctrl(sub, frame)
 
-    def _queue_data(self, sub: _Subscriber, blob: bytes, n: int) -> None:
+    def _queue_data(self, sub: Subscriber, blob: bytes, n: int) -> None:
         sub.data.append((blob, n))
         sub.data_bytes += len(blob)
         sub.data_records += n
@@ -405,7 +361,7 @@ class Publisher(threading.Thread):
             sub.data_records -= c
             sub.dropped += c
 
-    def _flush(self, sub: _Subscriber) -> None:
+    def _flush(self, sub: Subscriber) -> None:
         sock = sub.sock
         while True:
             if sub.out is None:
@@ -443,7 +399,7 @@ class Publisher(threading.Thread):
             except (KeyError, ValueError, OSError):
                 pass
 
-    def _close_sub(self, sub: _Subscriber, reason: str, level: int = logging.WARNING) -> None:
+    def _close_sub(self, sub: Subscriber, reason: str, level: int = logging.WARNING) -> None:
         if sub not in self._subs:
             return
         if level >= logging.WARNING:
