@@ -97,6 +97,7 @@ class Probe:
             )
         self.ring = StepRing(ring_size)
         """The step ring (``ring.py``); readers use ``read_since`` / ``in_step_since``."""
+        self.step = self.ring.step  # type: ignore[method-assign]  # the step path: no extra frame
         self.engine_info = engine_info_from(engine_info, pid=os.getpid())
         self.token = token
         self.snapshot_root = os.path.abspath(os.fspath(snapshot_root))
@@ -167,24 +168,13 @@ class Probe:
     # -- engine-thread hot path ----------------------------------------------------------
 
     def step(self, kind: str = "decode", batch: int = 0, tokens: int = 0) -> StepSlot:
-        """Begin one engine step; use as ``with probe.step(...) as step:``."""
-        ring = self.ring
-        obs = ring.observer
-        if obs is not None:  # a capture is armed or running: it takes the step
-            return obs.begin_step(kind, batch, tokens)
-        # StepRing.begin, inlined: this is the step path (one call frame less per step)
-        w = ring.w
-        sl = ring.slots[w & ring.mask]
-        sl.seq = -1
-        sl.step_id = w
-        sl.kind = kind
-        sl.batch = batch
-        sl.tokens = tokens
-        sl.extras = None
-        sl.flags = 0
-        sl.k = 0
-        sl.start = _clk()
-        return sl
+        """Begin one engine step; use as ``with probe.step(...) as step:``.
+
+        While a capture is armed or running, the capture takes the step (``ring.py``:
+        the step observer).  Each probe replaces this method by its ring's ``step``, the
+        same work without this call frame (the step path).
+        """
+        return self.ring.step(kind, batch, tokens)
 
     def request_done(
         self,

@@ -300,8 +300,28 @@ class StepRing:
 
     # -- engine thread ---------------------------------------------------------------------
 
+    def step(self, kind: str = "decode", batch: int = 0, tokens: int = 0) -> StepSlot:
+        """``Probe.step`` (each probe binds it as its own ``step``): start step ``w`` in its
+        slot, or let the observer take it while one is set."""
+        obs = self.observer
+        if obs is not None:
+            return obs.begin_step(kind, batch, tokens)
+        # begin(), inlined: this is the step path (one call frame less per step)
+        w = self.w
+        sl = self.slots[w & self.mask]
+        sl.seq = -1
+        sl.step_id = w
+        sl.kind = kind
+        sl.batch = batch
+        sl.tokens = tokens
+        sl.extras = None
+        sl.flags = 0
+        sl.k = 0
+        sl.start = _clk()
+        return sl
+
     def begin(self, kind: str, batch: int, tokens: int, flags: int = 0) -> StepSlot:
-        """Start step ``w`` in its slot (the same work as ``Probe.step``'s inlined path)."""
+        """Start step ``w`` in its slot, whatever the observer (the observer's own path)."""
         w = self.w
         sl = self.slots[w & self.mask]
         sl.seq = -1

@@ -2,7 +2,8 @@
 
 One thread, one ``selectors`` loop, non-blocking sockets.  Every tick (``TICK_S``) it
 takes what the ring reader (``reader.py``) collected — steps, requests, device samples,
-capture replies — encodes each record once, and queues the frames to every subscriber.  Each subscriber has two queues: *control* (hello, stats, capture
+capture replies — encodes each record once, and queues the frames to every subscriber.
+Each subscriber (``subscriber.py``) has two queues: *control* (hello, stats, capture
 replies; never dropped, bounded: at most one ``Stats`` waits, encoded when it is sent,
 and a subscriber with ``MAX_CTRL_FRAMES`` unsent replies is closed) and *data* (steps,
 requests, device samples; bounded — when a subscriber does not read, its oldest data is
