@@ -68,11 +68,12 @@ def test_a_capture_observes_steps_without_changing_any_slots_class(tmp_path):
     s = ProbeAdapter(f"tcp://{probe.address}", reconnect=False).connect()
     recs: list[StepRecord] = []
     done = None
+    step = probe.step  # bound before the capture is armed, as a hot loop would
     try:
         cid = s.request_capture(3, "ops")
         deadline = time.monotonic() + 120
         while done is None and time.monotonic() < deadline:
-            with probe.step("decode", 4, 4) as st:
+            with step("decode", 4, 4) as st:
                 seen.append(type(st))
                 st.mark("forward")
                 (x @ w).relu()
