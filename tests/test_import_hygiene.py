@@ -82,7 +82,7 @@ def _cycle(graph: dict[str, set[str]], within: str) -> list[str] | None:
             if n == within and d.startswith(within + "."):
                 continue
             if state.get(d) == 1:
-                return path[path.index(d) :] + [d]
+                return [*path[path.index(d) :], d]
             if d not in state:
                 found = visit(d)
                 if found:
@@ -121,10 +121,14 @@ def test_layers_import_down_only():
         if name.startswith("engine_adapters.monitor"):
             assert not {d for d in deps if d.startswith("engine_adapters.probe")}, name
         if name.startswith("engine_adapters.definitions"):
-            up = {d for d in deps if not d.startswith("engine_adapters.definitions") and d != "engine_adapters"}
+            up = {
+                d for d in deps if not d.startswith("engine_adapters.definitions") and d != "engine_adapters"
+            }
             assert not up, (name, up)
 
 
 def test_no_probe_module_over_500_lines():
-    sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "engine_adapters" / "probe").glob("*.py")}
+    sizes = {
+        p.name: len(p.read_text().splitlines()) for p in (ROOT / "engine_adapters" / "probe").glob("*.py")
+    }
     assert max(sizes.values()) <= 500, sizes

@@ -79,7 +79,8 @@ def test_a_capture_observes_steps_without_changing_any_slots_class(tmp_path):
                 (x @ w).relu()
                 with st.stage("sample"):
                     x.sum()
-                st.kind = "prefill" if isinstance(st, ObservedStep) else "decode"  # set late, as vLLM's hooks do
+                # set late, as vLLM's hooks do
+                st.kind = "prefill" if isinstance(st, ObservedStep) else "decode"
             classes_ok = classes_ok and all(type(sl) is StepSlot for sl in ring.slots)
             for r in s.read(0.005):
                 if isinstance(r, StepRecord):
