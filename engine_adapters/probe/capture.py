@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from time import perf_counter_ns as _clk
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from engine_adapters.definitions.bundle import capture_id_problem, capture_request_problem, sanitize_label
 from engine_adapters.definitions.records import (
-    CAPTURE_ID_PATTERN,
     FLAG_PROFILED,
     FLAG_PROFILER_WARMUP,
-    MAX_CAPTURE_STEPS,
     Capture,
     CaptureExporting,
     CaptureFailed,
@@ -42,13 +40,12 @@ from engine_adapters.definitions.records import (
     CaptureStarted,
     Refused,
 )
-
-if TYPE_CHECKING:
-    from engine_adapters.probe.core import Probe, StepSlot
+from engine_adapters.probe.job import CaptureJob, ExportWindows
+from engine_adapters.probe.ring import ObservedStep, StepRing, StepSlot
 
 log = logging.getLogger("rltperf.probe.capture")
 
-__all__ = ["MAX_CAPTURE_STEPS", "CaptureController", "CaptureJob", "capture_id_problem", "sanitize_label"]
+__all__ = ["CaptureController", "CaptureJob", "snapshot_usage"]
 
 ARM_TIMEOUT_S = 60.0
 """An armed capture whose engine runs no step for this long fails."""
@@ -58,18 +55,6 @@ SNAPSHOT_BUDGET_BYTES = 10 << 30
 """Default disk budget of the snapshot root (bundles only); a capture beyond it is refused."""
 SNAPSHOT_BUDGET_COUNT = 1000
 """Default most bundles in the snapshot root; a capture beyond it is refused."""
-MODES = ("ops", "full")
-_CAPTURE_ID_RE = re.compile(CAPTURE_ID_PATTERN)
-
-
-def capture_id_problem(capture_id: object) -> str | None:
-    """Why ``capture_id`` is not acceptable (it becomes part of file names), or None."""
-    if isinstance(capture_id, str) and _CAPTURE_ID_RE.fullmatch(capture_id):
-        return None
-    return (
-        f"invalid capture id {str(capture_id)[:80]!r}: use 1 to 64 letters, digits, '_' or '-' "
-        "(starting with a letter or digit)"
-    )
 
 
 def snapshot_usage(root: str) -> tuple[int, int]:
@@ -92,62 +77,46 @@ def snapshot_usage(root: str) -> tuple[int, int]:
     return count, total
 
 
-def sanitize_label(label: str | None) -> str:
-    """A label safe for a folder name: letters, digits, ``.``, ``_``, ``-``; at most 40."""
-    if not label:
-        return ""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-.")[:40]
-
-
-@dataclass
-class CaptureJob:
-    """State of one capture, shared by the publisher, engine and export threads."""
-
-    capture_id: str
-    steps: int
-    mode: str
-    label: str
-    requested_ns: int
-    state: str = "armed"  # armed -> warmup -> capturing -> exporting | stalled -> saved | failed
-    cold: bool = False
-    prof: Any = None
-    warmup_step: int | None = None
-    first_step: int | None = None
-    step_ids: list[int] = field(default_factory=list)
-    slot_ids: list[int] = field(default_factory=list)
-    started_ns: int | None = None
-    window_end_ns: int | None = None
-    export_start_ns: int | None = None
-    export_end_ns: int | None = None
-    error: str | None = None
-    in_step: bool = False  # the engine is inside a step of this window (never "idle")
-    last_step_ns: int = 0  # end of the window's last step (or its start), probe clock
-    partial: str | None = None  # why the window ended before N steps (bundle complete: false)
-    export_where: str | None = None  # "child" (forked) or "thread" (fallback)
-    live_at_trigger: dict[str, Any] = field(default_factory=dict)
-    trigger: Any = None
-    """``TriggerInfo`` when a trigger rule asked for this capture."""
-
-    @property
-    def full(self) -> bool:
-        """Full mode: shapes, memory and stacks recorded."""
-        return self.mode == "full"
-
-
 class CaptureController:
-    """Arms, runs and hands off captures; one at a time."""
+    """Arms, runs and hands off captures; one at a time.
+
+    The step observer of ``ring`` while a capture is armed or running (``StepObserver``):
+    arming sets ``ring.observer``, so the engine's next ``Probe.step`` comes to
+    ``begin_step``; the window's steps are ``ObservedStep``s that report each stage
+    boundary (profiler ranges) and each end (``prof.step()``, progress).  Replies go out
+    through ``post``; the stopped profiler's job goes to ``export`` in its own thread.
+
+    Args:
+        ring: the probe's step ring.
+        snapshot_root: where bundles go (for the snapshot budget).
+        post: queues a control record for every subscriber (any thread).
+        export: writes a job's bundle and posts its outcome (export thread).
+        is_closed: True once the probe is shutting down (captures are refused).
+        export_windows: where running exports are noted (the reader flags their steps).
+    """
 
     def __init__(
         self,
-        probe: Probe,
+        ring: StepRing,
         *,
+        snapshot_root: str,
+        post: Callable[[Any], None],
+        export: Callable[[CaptureJob], Any],
+        is_closed: Callable[[], bool] = lambda: False,
+        export_windows: ExportWindows | None = None,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         budget_bytes: int | None = SNAPSHOT_BUDGET_BYTES,
         budget_count: int | None = SNAPSHOT_BUDGET_COUNT,
     ) -> None:
         if idle_timeout_s <= 0:
             raise ValueError(f"capture idle timeout must be positive, not {idle_timeout_s}")
-        self.probe = probe
+        self.ring = ring
+        self.snapshot_root = snapshot_root
+        self._post = post
+        self._export_job = export
+        self._is_closed = is_closed
+        self.export_windows = export_windows if export_windows is not None else ExportWindows()
+        self._step = ObservedStep(ring, self)
         self.idle_timeout_s = idle_timeout_s
         self.budget_bytes = budget_bytes
         self.budget_count = budget_count
@@ -159,7 +128,6 @@ class CaptureController:
         self._range: Any = None  # open record_function of the current stage
         self._step_range: Any = None
         self._export_thread: threading.Thread | None = None
-        self.export_windows: list[tuple[int, int | None]] = []  # recent (start, end) of exports
         self.torch_error: str | None = None
         try:
             import torch.profiler  # noqa: F401
@@ -199,16 +167,10 @@ class CaptureController:
             return Refused(reason=bad_id, capture_id=None)
         if self.torch_error:
             return Refused(reason=self.torch_error, capture_id=cap.capture_id)
-        if cap.mode not in MODES:
-            return Refused(
-                reason=f"unknown capture mode {cap.mode!r}: use 'ops' or 'full'", capture_id=cap.capture_id
-            )
-        if not 1 <= cap.steps <= MAX_CAPTURE_STEPS:
-            return Refused(
-                reason=f"capture length {cap.steps} out of range: 1 to {MAX_CAPTURE_STEPS} steps",
-                capture_id=cap.capture_id,
-            )
-        if self.probe.closed:
+        bad = capture_request_problem(cap.steps, cap.mode)
+        if bad:
+            return Refused(reason=bad, capture_id=cap.capture_id)
+        if self._is_closed():
             return Refused(reason="the engine is shutting down", capture_id=cap.capture_id)
         over = self._over_budget()
         if over:
@@ -230,7 +192,7 @@ class CaptureController:
                 live_at_trigger=live,
                 trigger=cap.trigger,
             )
-            self.probe._armed = True
+            self.ring.observer = self
         log.info("capture %s armed: %d steps, %s", cap.capture_id, cap.steps, cap.mode)
         # The acceptance: a client prints "armed" only after this (a refusal comes instead).
         self._post(CaptureProgress(capture_id=cap.capture_id, steps_done=0, steps=cap.steps))
@@ -241,7 +203,7 @@ class CaptureController:
         ever deleted to make room: the person decides what to keep."""
         if self.budget_bytes is None and self.budget_count is None:
             return None
-        root = self.probe.snapshot_root
+        root = self.snapshot_root
         count, total = snapshot_usage(root)
         if self.budget_count is not None and count >= self.budget_count:
             return (
@@ -270,7 +232,7 @@ class CaptureController:
         if (_clk() - job.requested_ns) / 1e9 > ARM_TIMEOUT_S:
             with self._lock:
                 if self.job is job and job.state == "armed":
-                    self.probe._armed = self._stale is not None
+                    self.ring.observer = self if self._stale is not None else None
                     self.job = None
                     job.state = "failed"
             if job.state == "failed":
@@ -301,7 +263,7 @@ class CaptureController:
             job.window_end_ns = job.last_step_ns
             self._stale = job
             self.job = None
-            # self.probe._armed stays True: the next step comes through begin_step and stops it.
+            # ring.observer stays set: the next step comes through begin_step and stops it.
         log.warning("capture %s: %s", job.capture_id, job.partial)
         t = threading.Thread(target=self._export, args=(job,), name="rltperf-export-partial", daemon=True)
         self._export_thread = t
@@ -311,39 +273,39 @@ class CaptureController:
 
     def _stop_stale(self, job: CaptureJob) -> None:
         """Stop a stalled window's profiler on this (the engine's) thread; drop its trace."""
-        self.range_close()
+        self.stage_ends()
         try:
             job.prof.stop()
         except Exception as exc:
             log.debug("stale profiler stop: %s", exc)
         job.prof = None
-        for sid in job.slot_ids:
-            self.probe._release_capture_slot(sid)
+
+    # -- the step observer (engine thread) -------------------------------------------------
 
     def begin_step(self, kind: str, batch: int, tokens: int) -> StepSlot:
         """``Probe.step()`` while a capture is armed or running."""
-        probe = self.probe
+        ring = self.ring
         with self._lock:
             stale, self._stale = self._stale, None
             job = self.job
             if job is None:  # disarmed meanwhile (under the lock: a request arming now wins)
-                probe._armed = False
+                ring.observer = None
             elif job.state in ("armed", "warmup", "capturing"):
                 job.in_step = True
         if stale is not None:
             self._stop_stale(stale)
         if job is None:
-            return probe.step(kind, batch, tokens)
+            return ring.begin(kind, batch, tokens)
         if job.state == "armed":
             try:
                 self._start_profiler(job)
             except Exception as exc:
                 self._fail(job, f"the profiler failed to start: {type(exc).__name__}: {exc}")
-                return probe.step(kind, batch, tokens)
+                return ring.begin(kind, batch, tokens)
             flags = FLAG_PROFILED | FLAG_PROFILER_WARMUP
         else:
             flags = FLAG_PROFILED
-        slot = probe._slot_for_capture(kind, batch, tokens, flags)
+        slot = ring.begin_observed(self._step, kind, batch, tokens, flags)
         job.slot_ids.append(slot.step_id)
         if job.state == "warmup":
             job.warmup_step = slot.step_id
@@ -372,9 +334,9 @@ class CaptureController:
         job.state = "warmup"
         job.started_ns = job.last_step_ns = _clk()
 
-    def range_mark(self, name: str) -> None:
+    def stage_begins(self, name: str) -> None:
         """Open a ``stage:<name>`` profiler range (closing the previous one)."""
-        self.range_close()
+        self.stage_ends()
         try:
             from torch.autograd.profiler import record_function
 
@@ -384,7 +346,7 @@ class CaptureController:
         except Exception:
             self._range = None
 
-    def range_close(self) -> None:
+    def stage_ends(self) -> None:
         """Close the open stage range, if any."""
         rf = self._range
         if rf is not None:
@@ -394,13 +356,13 @@ class CaptureController:
             except Exception:
                 pass
 
-    def after_step(self, slot: StepSlot) -> None:
+    def step_ended(self, step: StepSlot) -> None:
         """End of a step inside the capture: step the profiler, post progress."""
         job = self.job
         if job is None or job.prof is None:
             return
         try:
-            self._after_step(job, slot)
+            self._after_step(job, step)
         finally:
             with self._lock:
                 job.in_step = False
@@ -442,8 +404,7 @@ class CaptureController:
         job.window_end_ns = _clk()
         job.state = "exporting"
         job.export_start_ns = job.window_end_ns
-        self.export_windows.append((job.export_start_ns, None))
-        del self.export_windows[:-8]
+        self.export_windows.begin(job.export_start_ns)
         self._post(CaptureProgress(capture_id=job.capture_id, steps_done=done, steps=job.steps))
         self._post(CaptureExporting(capture_id=job.capture_id, since_ns=job.export_start_ns))
         t = threading.Thread(target=self._export, args=(job,), name="rltperf-export", daemon=True)
@@ -451,33 +412,27 @@ class CaptureController:
         t.start()
 
     def _finish_window(self, job: CaptureJob) -> None:
-        """Stop the profiler (engine thread) and give the slots their normal class back."""
-        probe = self.probe
-        probe._armed = False
-        self.range_close()
+        """Stop the profiler (engine thread); the steps after this one are plain again."""
+        self.ring.observer = None
+        self.stage_ends()
         try:
             job.prof.stop()
         except Exception as exc:  # already stopped by the schedule, or broken
             log.debug("profiler stop: %s", exc)
-        for sid in job.slot_ids:
-            probe._release_capture_slot(sid)
 
     # -- export thread -------------------------------------------------------------------
 
     def _export(self, job: CaptureJob) -> None:
-        from engine_adapters.probe.bundle import write_bundle
-
         try:
-            write_bundle(self.probe, job, self._post)
+            self._export_job(job)
         except Exception as exc:  # write_bundle reports its own errors; this is a bug guard
             log.exception("capture export crashed")
             job.error = job.error or f"export crashed: {type(exc).__name__}: {exc}"
             self._post(CaptureFailed(capture_id=job.capture_id, reason=job.error))
         finally:
             job.export_end_ns = _clk()
-            self.export_windows[:] = [
-                (s, job.export_end_ns if s == job.export_start_ns else e) for s, e in self.export_windows
-            ]
+            if job.export_start_ns is not None:
+                self.export_windows.end(job.export_start_ns, job.export_end_ns)
             if job.partial is None:  # a stalled window's profiler is the engine thread's to drop
                 job.prof = None
             with self._lock:
@@ -493,17 +448,8 @@ class CaptureController:
         with self._lock:
             if self.job is job:
                 self.job = None
-                self.probe._armed = self._stale is not None
+                self.ring.observer = self if self._stale is not None else None
         self._post(CaptureFailed(capture_id=job.capture_id, reason=reason))
-
-    def _post(self, rec: Any) -> None:
-        pub = getattr(self.probe, "_publisher", None)
-        if pub is not None:
-            pub.post_control(rec)
-
-    def exporting_overlap(self, start_ns: int, end_ns: int) -> bool:
-        """True when [start, end] overlaps an export (for ``FLAG_EXPORTING``)."""
-        return any(end_ns >= s and (e is None or start_ns <= e) for s, e in self.export_windows)
 
     def close(self, timeout: float = 10.0) -> None:
         """Engine stopping: end a window in progress, wait for a running export."""

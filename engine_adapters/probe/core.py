@@ -1,24 +1,19 @@
-"""The probe's engine-thread side: ``Probe`` and its step slots.
+"""The probe's engine-thread side: ``Probe``.
 
-The step path does nothing but read clocks and store into a preallocated slot of a
-bounded ring; everything else (durations, encoding, sockets, captures' export) happens
-in the probe's own threads.  Measured on the 2-core CI machine (``rltperf bench probe``):
-about 1.3 µs per four-stage step with ``step.mark()`` and about 2.7 µs with the nested
-``with step.stage()`` form — one ``perf_counter_ns()`` costs ~100 ns there.
-
-A slot is reused every ``ring_size`` steps.  The publisher copies a finished slot and
-checks its sequence number afterwards; a slot overwritten meanwhile (the publisher fell
-a whole ring behind) counts as dropped, never as a corrupted record.
+The step path (``Probe.step`` and the ``StepSlot`` it returns, ``ring.py``) does
+nothing but read clocks and store into a preallocated slot of a bounded ring; everything
+else happens in the probe's own threads: the publisher (``server.py``, serving what the
+ring reader, ``reader.py``, collects), the capture export (``capture.py``,
+``bundle.py``), the device sampler and the Prometheus exporter.  ``Probe`` builds and
+wires them; none of them imports this module.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from time import perf_counter_ns as _clk
 from typing import Any
 
@@ -27,190 +22,26 @@ from engine_adapters.definitions.records import (
     FLAG_PROFILER_WARMUP,
     STANDARD_STAGES,
     EngineInfo,
+    Record,
     RequestRecord,
     engine_info_from,
 )
 from engine_adapters.definitions.wire import DEFAULT_LISTEN, is_loopback, parse_hostport
+from engine_adapters.probe.bundle import BundleWriter
 from engine_adapters.probe.capture import (
     IDLE_TIMEOUT_S,
     SNAPSHOT_BUDGET_BYTES,
     SNAPSHOT_BUDGET_COUNT,
     CaptureController,
 )
+from engine_adapters.probe.job import ExportWindows
+from engine_adapters.probe.reader import RequestInbox, RingReader
+from engine_adapters.probe.ring import StageNames, StepRing, StepSlot
+from engine_adapters.probe.server import Publisher
 
 log = logging.getLogger("rltperf.probe")
 
-MAX_MARKS = 64
-"""Stage boundaries stored per step; more are ignored (and counted)."""
-
-# A boundary stores the clock and the stage *name* (None = "between stages", the
-# with-form's exit); the publisher thread maps names to indices, so the step path does
-# no dictionary work.
-
-
-class _StageCM:
-    """Context manager for ``with step.stage(name):`` (one cached per slot and stage)."""
-
-    __slots__ = ("name", "slot")
-
-    def __init__(self, slot: StepSlot, name: str) -> None:
-        self.slot = slot
-        self.name = name
-
-    def __enter__(self) -> _StageCM:
-        sl = self.slot
-        k = sl.k
-        try:
-            sl.t[k] = _clk()
-            sl.ix[k] = self.name
-        except IndexError:
-            sl.overflow += 1
-            return self
-        sl.k = k + 1
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        sl = self.slot
-        k = sl.k
-        try:
-            sl.t[k] = _clk()
-            sl.ix[k] = None
-        except IndexError:
-            sl.overflow += 1
-            return
-        sl.k = k + 1
-
-
-class StepSlot:
-    """One engine step being timed; returned by ``Probe.step()``.
-
-    Use it as a context manager.  Inside, either nest ``with step.stage(name):`` blocks
-    or call ``step.mark(name)`` at each stage boundary (a stage then lasts until the
-    next mark or the end of the step; cheaper: one clock read per boundary).
-    ``step.set(...)`` attaches analytic and scheduler facts (see ``StepRecord``).
-    """
-
-    __slots__ = (
-        "_cms",
-        "batch",
-        "end",
-        "extras",
-        "flags",
-        "ix",
-        "k",
-        "kind",
-        "overflow",
-        "probe",
-        "seq",
-        "start",
-        "step_id",
-        "t",
-        "tokens",
-    )
-
-    def __init__(self, probe: Probe) -> None:
-        self.probe = probe
-        self.t = [0] * MAX_MARKS
-        self.ix: list[str | None] = [None] * MAX_MARKS
-        self.k = 0
-        self.seq = -1
-        self.step_id = -1
-        self.start = 0
-        self.end = 0
-        self.kind = "decode"
-        self.batch = 0
-        self.tokens = 0
-        self.extras: dict[str, Any] | None = None
-        self.flags = 0
-        self.overflow = 0
-        self._cms: dict[str, _StageCM] = {}
-
-    # -- engine-facing API -------------------------------------------------------------
-
-    def mark(self, name: str) -> None:
-        """Start stage ``name`` now (ending the previous one)."""
-        k = self.k
-        try:
-            self.t[k] = _clk()
-            self.ix[k] = name
-        except IndexError:
-            self.overflow += 1
-            return
-        self.k = k + 1
-
-    def stage(self, name: str) -> _StageCM:
-        """``with step.stage("forward"): ...`` times the block as stage ``name``."""
-        try:
-            return self._cms[name]
-        except KeyError:
-            cm = self._cms[name] = _StageCM(self, name)
-            return cm
-
-    def set(self, **facts: Any) -> None:
-        """Attach facts to the step: any ``StepRecord`` field, e.g. ``bytes_read=...``.
-
-        Also ``busy_events=[(start_event, end_event), ...]`` (CUDA events recorded
-        around the step's device regions): the publisher thread reads their elapsed time
-        once they complete, never synchronising the engine.
-        """
-        if self.extras is None:
-            self.extras = facts
-        else:
-            self.extras.update(facts)
-
-    def __enter__(self) -> StepSlot:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.end = _clk()
-        p = self.probe
-        sid = self.step_id
-        self.seq = sid
-        p._w = sid + 1
-
-    def finish(self) -> None:
-        """End the step (for code that cannot use ``with``)."""
-        self.__exit__(None, None, None)
-
-
-class _ProfiledSlot(StepSlot):
-    """A slot during a capture window: also emits profiler ranges and steps the profiler.
-
-    Same layout as ``StepSlot`` (the capture swaps ``__class__`` on the slots it uses).
-    """
-
-    __slots__ = ()
-
-    def mark(self, name: str) -> None:
-        StepSlot.mark(self, name)
-        self.probe._capture_ctl.range_mark(name)
-
-    def stage(self, name: str) -> _StageCM:
-        return _ProfiledStageCM(self, name)  # type: ignore[return-value]
-
-    def __exit__(self, *exc: object) -> None:
-        ctl = self.probe._capture_ctl
-        ctl.range_close()
-        StepSlot.__exit__(self)
-        ctl.after_step(self)
-
-
-class _ProfiledStageCM:
-    __slots__ = ("inner", "name", "slot")
-
-    def __init__(self, slot: StepSlot, name: str) -> None:
-        self.slot = slot
-        self.name = name
-        self.inner = StepSlot.stage(slot, name)
-
-    def __enter__(self) -> _ProfiledStageCM:
-        self.inner.__enter__()
-        self.slot.probe._capture_ctl.range_mark(self.name)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.slot.probe._capture_ctl.range_close()
-        self.inner.__exit__()
+__all__ = ["Probe", "StepSlot", "now_ns"]
 
 
 class Probe:
@@ -264,27 +95,34 @@ class Probe:
             raise ValueError(
                 f"listening on {host!r} (not loopback) needs a token: pass --token or set RLTPERF_TOKEN"
             )
-        if ring_size < 16 or ring_size & (ring_size - 1):
-            raise ValueError(f"ring_size must be a power of two >= 16, not {ring_size}")
+        self.ring = StepRing(ring_size)
+        """The step ring (``ring.py``); readers use ``read_since`` / ``in_step_since``."""
+        self.step = self.ring.step  # type: ignore[method-assign]  # the step path: no extra frame
         self.engine_info = engine_info_from(engine_info, pid=os.getpid())
         self.token = token
         self.snapshot_root = os.path.abspath(os.fspath(snapshot_root))
-        self._stage_names: list[str] = []
-        self._stage_index: dict[str, int] = {}
-        self._stage_lock = threading.Lock()
-        for s in stages:
-            self._register_stage(s)
-        self._mask = ring_size - 1
-        self._slots = [StepSlot(self) for _ in range(ring_size)]
-        self._w = 0
-        self._requests: deque[RequestRecord] = deque(maxlen=65536)
-        self._requests_in = 0
+        self._stages = StageNames(stages)
+        self._requests = RequestInbox()
         self.started_ns = _clk()
         self.closed = False
-        self._armed = False  # set by the capture controller: step() takes the capture path
 
+        exports = ExportWindows()
+        self.reader = RingReader(self.ring, self._stages, exports, self._requests)
+        """Ring reading (``reader.py``), run by the publisher thread."""
+        writer = BundleWriter(
+            self.snapshot_root,
+            self.engine_info,
+            lambda: self._stages.names,
+            self.reader,
+            self.reader.post_control,
+        )
         self._capture_ctl = CaptureController(
-            self,
+            self.ring,
+            snapshot_root=self.snapshot_root,
+            post=self.reader.post_control,
+            export=writer.write,
+            is_closed=lambda: self.closed,
+            export_windows=exports,
             idle_timeout_s=capture_idle_timeout_s,
             budget_bytes=snapshot_budget_bytes,
             budget_count=snapshot_budget_count,
@@ -294,9 +132,9 @@ class Probe:
         if warm_profiler:
             self._capture_ctl.warm()
 
-        from engine_adapters.probe.server import Publisher
-
-        self._publisher = Publisher(self, host, port, token)
+        self._publisher = Publisher(
+            self.reader, self._stages, self._capture_ctl, self.engine_info, self.started_ns, host, port, token
+        )
         self.address = self._publisher.address
         """``host:port`` the probe listens on (the real port when 0 was asked for)."""
         self._sampler = None
@@ -311,7 +149,7 @@ class Probe:
 
                 info = self.engine_info
                 self._sampler = SamplerThread(
-                    self._publisher.post_device_sample,
+                    self.reader.post_device_sample,
                     pid=os.getpid(),
                     devices=[info.device],
                     dtype=info.dtype,
@@ -330,39 +168,13 @@ class Probe:
     # -- engine-thread hot path ----------------------------------------------------------
 
     def step(self, kind: str = "decode", batch: int = 0, tokens: int = 0) -> StepSlot:
-        """Begin one engine step; use as ``with probe.step(...) as step:``."""
-        if self._armed:
-            return self._capture_ctl.begin_step(kind, batch, tokens)
-        w = self._w
-        sl = self._slots[w & self._mask]
-        sl.seq = -1
-        sl.step_id = w
-        sl.kind = kind
-        sl.batch = batch
-        sl.tokens = tokens
-        sl.extras = None
-        sl.flags = 0
-        sl.k = 0
-        sl.start = _clk()
-        return sl
+        """Begin one engine step; use as ``with probe.step(...) as step:``.
 
-    def _slot_for_capture(self, kind: str, batch: int, tokens: int, flags: int) -> StepSlot:
-        w = self._w
-        sl = self._slots[w & self._mask]
-        sl.__class__ = _ProfiledSlot
-        sl.seq = -1
-        sl.step_id = w
-        sl.kind = kind
-        sl.batch = batch
-        sl.tokens = tokens
-        sl.extras = None
-        sl.flags = flags
-        sl.k = 0
-        sl.start = _clk()
-        return sl
-
-    def _release_capture_slot(self, step_id: int) -> None:
-        self._slots[step_id & self._mask].__class__ = StepSlot
+        While a capture is armed or running, the capture takes the step (``ring.py``:
+        the step observer).  Each probe replaces this method by its ring's ``step``, the
+        same work without this call frame (the step path).
+        """
+        return self.ring.step(kind, batch, tokens)
 
     def request_done(
         self,
@@ -376,7 +188,8 @@ class Probe:
         preemptions: int = 0,
     ) -> None:
         """Report a finished, failed or aborted request (times: ``perf_counter_ns``)."""
-        self._requests.append(
+        inbox = self._requests
+        inbox.q.append(
             RequestRecord(
                 req_id=str(req_id),
                 arrival_ns=arrival_ns,
@@ -388,41 +201,33 @@ class Probe:
                 preemptions=preemptions,
             )
         )
-        self._requests_in += 1
+        inbox.n_in += 1
 
-    # -- stage table ---------------------------------------------------------------------
-
-    def _register_stage(self, name: str) -> int:
-        with self._stage_lock:
-            idx = self._stage_index.get(name)
-            if idx is None:
-                if not isinstance(name, str) or not name:
-                    raise ValueError(f"stage name must be a non-empty string, not {name!r}")
-                idx = len(self._stage_names)
-                self._stage_names.append(name)
-                self._stage_index[name] = idx  # slots share this dict
-            return idx
+    # -- readers (any thread) -----------------------------------------------------------
 
     @property
     def stage_names(self) -> list[str]:
         """Stage names by index, as in ``StepRecord.stage_ns``."""
-        return list(self._stage_names)
+        return self._stages.names
 
     def in_step_since(self) -> int:
-        """Start of the step running now (probe clock), or 0 between steps.  Read from
-        the slot the engine is filling, by another thread, without touching the step
-        path: a step is open when the slot of step ``_w`` has begun and not ended."""
-        w = self._w
-        sl = self._slots[w & self._mask]
-        start = sl.start
-        if sl.step_id == w and sl.seq == -1 and start > 0:
-            return int(start)
-        return 0
+        """Start of the step running now (probe clock), or 0 between steps."""
+        return self.ring.in_step_since()
 
     @property
     def steps_total(self) -> int:
         """Steps finished since the probe started."""
-        return self._w
+        return self.ring.w
+
+    @property
+    def ring_dropped(self) -> int:
+        """Step records lost because the publisher fell a whole ring behind."""
+        return self.reader.ring_dropped
+
+    def add_observer(self, fn: Callable[[list[Record]], Any]) -> None:
+        """Call ``fn(records)`` in the publisher thread with every batch of records (steps,
+        requests, device samples, capture replies); e.g. the Prometheus exporter."""
+        self.reader.add_observer(fn)
 
     # -- lifecycle -----------------------------------------------------------------------
 

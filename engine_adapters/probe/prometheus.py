@@ -46,8 +46,9 @@ import logging
 import math
 import threading
 from collections import deque
+from collections.abc import Callable
 from time import perf_counter_ns as _clk
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -58,12 +59,10 @@ from engine_adapters.definitions.records import (
     CaptureFailed,
     CaptureStarted,
     DeviceSample,
+    EngineInfo,
     RequestRecord,
     StepRecord,
 )
-
-if TYPE_CHECKING:
-    from engine_adapters.probe.core import Probe
 
 log = logging.getLogger("rltperf.probe.prometheus")
 
@@ -92,6 +91,19 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 DEFAULT_WINDOW_S = 10.0
 
 
+class ProbeView(Protocol):
+    """What the exporter reads of a ``Probe`` (its public API only)."""
+
+    engine_info: EngineInfo
+
+    @property
+    def ring_dropped(self) -> int: ...
+
+    def in_step_since(self) -> int: ...
+
+    def add_observer(self, fn: Callable[[list[Any]], Any]) -> None: ...
+
+
 class _WindowCollector:
     """Scrape-time gauges over the recent window, and the probe's drop counter."""
 
@@ -115,12 +127,11 @@ class _WindowCollector:
         )
         m.add_metric([], float("nan") if mbu is None else mbu)
         yield m
-        pub = getattr(self.exp.probe, "_publisher", None)
         c = CounterMetricFamily(
             "rltperf_probe_dropped_records",
             "Step records lost because the publisher fell a whole ring behind",
         )
-        c.add_metric([], float(getattr(pub, "ring_dropped", 0)))
+        c.add_metric([], float(self.exp.probe.ring_dropped))
         yield c
 
 
@@ -137,7 +148,7 @@ class PrometheusExporter:
     """
 
     def __init__(
-        self, probe: Probe, port: int, window_s: float = DEFAULT_WINDOW_S, host: str | None = None
+        self, probe: ProbeView, port: int, window_s: float = DEFAULT_WINDOW_S, host: str | None = None
     ) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
@@ -251,7 +262,7 @@ class PrometheusExporter:
         self.port = int(bound[1])
         self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
         """``host:port`` the metrics are served on (``/metrics``)."""
-        probe._publisher.add_observer(self.observe)
+        probe.add_observer(self.observe)
         log.info("Prometheus metrics on http://%s/metrics", self.address)
 
     # -- feeding (publisher thread) --------------------------------------------------------

@@ -1,9 +1,9 @@
-"""The probe's publisher thread: turns ring slots into records and serves subscribers.
+"""The probe's publisher thread: serves the ring reader's records to subscribers.
 
-One thread, one ``selectors`` loop, non-blocking sockets.  Every ~20 ms it drains the
-step ring (computing stage durations from the boundary marks), the request queue, the
-device samples and the capture replies, encodes each record once, and queues the frames
-to every subscriber.  Each subscriber has two queues: *control* (hello, stats, capture
+One thread, one ``selectors`` loop, non-blocking sockets.  Every tick (``TICK_S``) it
+takes what the ring reader (``reader.py``) collected — steps, requests, device samples,
+capture replies — encodes each record once, and queues the frames to every subscriber.
+Each subscriber (``subscriber.py``) has two queues: *control* (hello, stats, capture
 replies; never dropped, bounded: at most one ``Stats`` waits, encoded when it is sent,
 and a subscriber with ``MAX_CTRL_FRAMES`` unsent replies is closed) and *data* (steps,
 requests, device samples; bounded — when a subscriber does not read, its oldest data is
@@ -21,40 +21,32 @@ import selectors
 import socket
 import threading
 import time
-from collections import deque
 from time import perf_counter_ns as _clk
-from typing import TYPE_CHECKING, Any
-
-import msgspec
+from typing import Any, Protocol
 
 from engine_adapters import __version__
 from engine_adapters.definitions.records import (
-    FLAG_EXPORTING,
     SCHEMA_VERSION,
     Bye,
     Capture,
     ClientHello,
-    DeviceSample,
+    EngineInfo,
     Hello,
     Ping,
     Record,
     Refused,
     StageTable,
-    Stats,
-    StepRecord,
 )
-from engine_adapters.definitions.wire import FrameEncoder, FrameError, FrameReader, encode
-
-if TYPE_CHECKING:
-    from engine_adapters.probe.core import Probe, StepSlot
+from engine_adapters.definitions.wire import FrameEncoder, FrameError, encode
+from engine_adapters.probe.reader import RingReader
+from engine_adapters.probe.ring import StageNames
+from engine_adapters.probe.subscriber import Subscriber
 
 log = logging.getLogger("rltperf.probe")
 
 TICK_S = 0.05
 """Publisher period: latency from step end to frame sent is at most about this
 (the screen refreshes at 2-4 Hz; a shorter period costs the engine GIL time)."""
-MAX_CLIENT_FRAME = 64 * 1024
-"""Clients only send small control frames."""
 CLIENT_READ = 4096
 """Bytes read from a client per turn: a client sends a hello and a few requests a
 minute, and a flood is cut off after ``MAX_REQUESTS_PER_S`` requests, not after
@@ -63,7 +55,6 @@ MAX_SUBSCRIBERS = 64
 """Subscribers (after their hello) served at once."""
 MAX_PENDING = 256
 """Connections waiting for their hello; beyond this the oldest is dropped."""
-HELLO_TIMEOUT_S = 5.0
 STATS_EVERY_S = 1.0
 DATA_QUEUE_RECORDS = 4096
 """Data records queued per subscriber before the oldest are dropped."""
@@ -77,69 +68,48 @@ SNDBUF = 256 * 1024
 """Kernel send buffer per subscriber: small, so a stalled reader shows as drops soon."""
 LOG_BURST = 10
 """Warnings about bad connections per minute before they are only counted."""
-HISTORY = 4096
-"""Step records the publisher keeps for bundles' ``steps.jsonl`` and live stats."""
-PENDING_EVENTS_MAX_S = 2.0
-"""A step whose CUDA events have not completed by then is sent with busy unknown."""
-
-_STEP_FIELDS = frozenset(StepRecord.__struct_fields__) - {
-    "step_id",
-    "start_ns",
-    "end_ns",
-    "kind",
-    "stage_ns",
-    "batch",
-    "tokens",
-}
 
 
-class _Subscriber:
-    __slots__ = (
-        "addr",
-        "authed",
-        "closing",
-        "ctrl",
-        "data",
-        "data_bytes",
-        "data_records",
-        "dropped",
-        "hello_deadline",
-        "out",
-        "reader",
-        "req_count",
-        "req_window",
-        "sock",
-        "stats_queued",
-        "token",
-        "want_write",
-    )
+class CaptureService(Protocol):
+    """What the publisher needs of the capture controller (``capture.py``)."""
 
-    def __init__(self, sock: socket.socket, addr: str) -> None:
-        self.sock = sock
-        self.addr = addr
-        self.reader = FrameReader(MAX_CLIENT_FRAME)
-        self.authed = False
-        self.closing = False
-        self.ctrl: deque[bytes | None] = deque()  # None: a Stats, encoded when it is sent
-        self.stats_queued = False
-        self.req_count = 0
-        self.req_window = 0.0
-        self.data: deque[tuple[bytes, int]] = deque()
-        self.data_bytes = 0
-        self.data_records = 0
-        self.dropped = 0
-        self.out: memoryview | None = None
-        self.hello_deadline = time.monotonic() + HELLO_TIMEOUT_S
-        self.token: str | None = None
-        self.want_write = False
+    torch_error: str | None
+
+    def request(self, cap: Capture, live: dict[str, Any]) -> Refused | None: ...
+
+    def check_timeout(self) -> None: ...
 
 
 class Publisher(threading.Thread):
-    """Serves the probe's records over TCP (see module docstring)."""
+    """Serves the probe's records over TCP (see module docstring).
 
-    def __init__(self, probe: Probe, host: str, port: int, token: str | None) -> None:
+    Args:
+        reader: the ring reader whose batches are served (and whose heartbeats).
+        stages: stage names (the Hello; a ``StageTable`` when a name is added).
+        captures: the capture controller (requests, timeouts, whether captures run).
+        engine_info: the engine (the Hello).
+        started_ns: when the probe started (probe clock; the Hello).
+        host, port: where to listen (port 0: any free port; see ``address``).
+        token: shared secret clients must present, or None.
+    """
+
+    def __init__(
+        self,
+        reader: RingReader,
+        stages: StageNames,
+        captures: CaptureService,
+        engine_info: EngineInfo,
+        started_ns: int,
+        host: str,
+        port: int,
+        token: str | None,
+    ) -> None:
         super().__init__(name="rltperf-publisher", daemon=True)
-        self.probe = probe
+        self.reader = reader
+        self.stages = stages
+        self.captures = captures
+        self.engine_info = engine_info
+        self.started_ns = started_ns
         self.token = token
         try:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -156,50 +126,20 @@ class Publisher(threading.Thread):
         self.address = f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._lsock, selectors.EVENT_READ, None)
-        self._subs: list[_Subscriber] = []
+        self._subs: list[Subscriber] = []
         self._stop_ev = threading.Event()
-        self._r = 0  # next ring index to read
-        self.ring_dropped = 0
-        self.mark_overflow = 0
-        self.last_step_id = -1
         self._enc = FrameEncoder()
-        self._ctrl_in: deque[Record] = deque()
-        self._dev_in: deque[DeviceSample] = deque(maxlen=256)
-        self._pending: deque[tuple[StepRecord, list[Any], int]] = deque()
-        self._history: deque[StepRecord] = deque(maxlen=HISTORY)
-        self._hist_lock = threading.Lock()
-        self._requests_read = 0
-        self.requests_dropped = 0
-        self._n_stages_sent = len(probe.stage_names)
+        self._n_stages_sent = len(stages)
         self._last_stats = time.monotonic()
-        self._unknown_fields: set[str] = set()
         self._hello_cache: bytes | None = None
-        self.last_device_sample: DeviceSample | None = None
-        self._export_windows = False
         self._log_window_start = time.monotonic()
         self._log_count = 0
         self._log_suppressed = 0
-        self._observers: list[Any] = []  # callables(list[Record]) e.g. the Prometheus exporter
 
-    # -- inputs from other threads ---------------------------------------------------------
-
-    def post_control(self, rec: Record) -> None:
-        """Queue a control record (capture replies) for every subscriber (any thread)."""
-        self._ctrl_in.append(rec)
-
-    def post_device_sample(self, rec: DeviceSample) -> None:
-        """Queue a device sample (sampler thread)."""
-        self._dev_in.append(rec)
-
-    def add_observer(self, fn: Any) -> None:
-        """Call ``fn(records)`` in the publisher thread with every batch of records: the
-        data (steps, requests, device samples) and the control records (capture results)."""
-        self._observers.append(fn)
-
-    def recent_steps(self) -> list[StepRecord]:
-        """A copy of the recent step history (any thread)."""
-        with self._hist_lock:
-            return list(self._history)
+    @property
+    def ring_dropped(self) -> int:
+        """Step records lost because the reader fell a whole ring behind."""
+        return self.reader.ring_dropped
 
     # -- thread ------------------------------------------------------------------------------
 
@@ -226,26 +166,16 @@ class Publisher(threading.Thread):
             self._shutdown_sockets()
 
     def _tick(self) -> None:
-        recs = self._drain()
+        recs, ctrl = self.reader.collect()
         if recs:
             blob = self._enc.encode_batched(recs)
             n = len(recs)
             for sub in self._subs:
                 if sub.authed and not sub.closing:
                     self._queue_data(sub, blob, n)
-        ctrl: list[Record] = []
-        while self._ctrl_in:
-            rec = self._ctrl_in.popleft()
-            ctrl.append(rec)
+        for rec in ctrl:
             self._broadcast_ctrl(encode(rec))
-        if self._observers and (recs or ctrl):
-            batch = recs + ctrl if ctrl else recs
-            for fn in self._observers:
-                try:
-                    fn(batch)
-                except Exception:
-                    log.exception("probe observer failed")
-        names = self.probe.stage_names
+        names = self.stages.names
         if len(names) != self._n_stages_sent:
             self._n_stages_sent = len(names)
             self._hello_cache = None
@@ -256,160 +186,12 @@ class Publisher(threading.Thread):
             for sub in self._subs:
                 if sub.authed:
                     self._send_stats(sub)
-            self.probe._capture_ctl.check_timeout()
+            self.captures.check_timeout()
         for sub in list(self._subs):
             if not sub.authed and now > sub.hello_deadline:
                 self._close_sub(sub, "no ClientHello within 5 s")
                 continue
             self._flush(sub)
-
-    # -- ring -> records -----------------------------------------------------------------------
-
-    def _drain(self) -> list[Record]:
-        probe = self.probe
-        out: list[Record] = []
-        w = probe._w
-        r = self._r
-        size = probe._mask + 1
-        if w - r > size - 1:
-            lost = w - r - (size - 1)
-            self.ring_dropped += lost
-            r += lost
-        slots = probe._slots
-        mask = probe._mask
-        ready: list[StepRecord] = []
-        self._export_windows = bool(probe._capture_ctl.export_windows)
-        while r < w:
-            sl = slots[r & mask]
-            rec, events = self._to_record(sl, r)
-            if sl.seq != r:
-                self.ring_dropped += 1
-            elif events or self._pending:
-                self._pending.append((rec, events, _clk()))
-            else:
-                ready.append(rec)
-            r += 1
-        self._r = r
-        if self._pending:
-            ready.extend(self._resolve_pending())
-        if ready:
-            with self._hist_lock:
-                self._history.extend(ready)
-            self.last_step_id = ready[-1].step_id
-            out.extend(ready)
-        # requests
-        q = probe._requests
-        while q:
-            out.append(q.popleft())
-            self._requests_read += 1
-        self.requests_dropped = max(0, probe._requests_in - self._requests_read - len(q))
-        while self._dev_in:
-            d = self._dev_in.popleft()
-            self.last_device_sample = d
-            out.append(d)
-        return out
-
-    def _to_record(self, sl: StepSlot, sid: int) -> tuple[StepRecord, list[Any]]:
-        # Stage durations from the boundary marks: mark i lasts until mark i+1 (or the
-        # step's end); a None name is "between stages" (the with-form's exit boundary).
-        probe = self.probe
-        index = probe._stage_index
-        stage = [0] * len(probe._stage_names)
-        k = sl.k
-        end = sl.end
-        start = sl.start
-        if k:
-            t = sl.t
-            names = sl.ix
-            prev_t = t[0]
-            prev = names[0]
-            for i in range(1, k + 1):
-                ti = t[i] if i < k else end
-                if prev is not None:
-                    idx = index.get(prev)
-                    if idx is None:
-                        idx = self._new_stage(prev)
-                        if idx is not None and idx >= len(stage):
-                            stage.extend([0] * (idx + 1 - len(stage)))
-                    if idx is not None:
-                        stage[idx] += ti - prev_t
-                if i < k:
-                    prev_t = ti
-                    prev = names[i]
-        if sl.overflow:
-            self.mark_overflow += sl.overflow
-            sl.overflow = 0
-        flags = sl.flags
-        if self._export_windows and self.probe._capture_ctl.exporting_overlap(start, end):
-            flags |= FLAG_EXPORTING
-        extras = sl.extras
-        events: list[Any] = []
-        if not extras:
-            return (
-                StepRecord(
-                    step_id=sid,
-                    start_ns=start,
-                    end_ns=end,
-                    kind=sl.kind,
-                    stage_ns=stage,
-                    batch=sl.batch,
-                    tokens=sl.tokens,
-                    flags=flags,
-                ),
-                events,
-            )
-        fields: dict[str, Any] = {}
-        for key, val in extras.items():
-            if key in _STEP_FIELDS:
-                fields[key] = val
-            elif key == "busy_events":
-                events = list(val or ())
-            elif key not in self._unknown_fields:
-                self._unknown_fields.add(key)
-                log.warning("probe: step field %r is not in the schema; ignored", key)
-        if "flags" in fields:
-            flags |= int(fields.pop("flags"))
-        base: dict[str, Any] = {"step_id": sid, "start_ns": start, "end_ns": end, "kind": sl.kind,
-                                "stage_ns": stage, "batch": sl.batch, "tokens": sl.tokens, "flags": flags}  # fmt: skip
-        try:
-            rec = StepRecord(**base, **fields)
-        except TypeError as exc:  # a fact of the wrong type: keep the timing, drop the facts
-            log.warning("probe: bad step facts %s: %s", sorted(fields), exc)
-            rec = StepRecord(**base)
-        return rec, events
-
-    def _new_stage(self, name: Any) -> int | None:
-        """Register a stage name first seen in a step (None for a bad name, warned once)."""
-        try:
-            return self.probe._register_stage(name)
-        except (ValueError, TypeError):
-            key = f"stage:{name!r}"
-            if key not in self._unknown_fields:
-                self._unknown_fields.add(key)
-                log.warning("probe: bad stage name %r ignored (names are non-empty strings)", name)
-            return None
-
-    def _resolve_pending(self) -> list[StepRecord]:
-        """Release step records in order once their CUDA events have completed."""
-        out: list[StepRecord] = []
-        now = _clk()
-        while self._pending:
-            rec, events, queued = self._pending[0]
-            if events:
-                busy: int | None = 0
-                try:
-                    if not all(e1.query() for _, e1 in events):
-                        if (now - queued) / 1e9 < PENDING_EVENTS_MAX_S:
-                            break
-                        busy = None
-                    else:
-                        busy = int(sum(e0.elapsed_time(e1) for e0, e1 in events) * 1e6)
-                except Exception:
-                    busy = None
-                rec = msgspec.structs.replace(rec, busy_ns=busy)
-            self._pending.popleft()
-            out.append(rec)
-        return out
 
     # -- sockets -------------------------------------------------------------------------------
 
@@ -434,11 +216,11 @@ class Publisher(threading.Thread):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
-        sub = _Subscriber(sock, peer)
+        sub = Subscriber(sock, peer)
         self._subs.append(sub)
         self._sel.register(sock, selectors.EVENT_READ, sub)
 
-    def _read(self, sub: _Subscriber) -> None:
+    def _read(self, sub: Subscriber) -> None:
         try:
             data = sub.sock.recv(CLIENT_READ)
         except BlockingIOError:
@@ -460,7 +242,7 @@ class Publisher(threading.Thread):
             if not self._handle(sub, rec):
                 return
 
-    def _handle(self, sub: _Subscriber, rec: Record) -> bool:
+    def _handle(self, sub: Subscriber, rec: Record) -> bool:
         if not sub.authed:
             if not isinstance(rec, ClientHello):
                 self._close_sub(sub, f"expected ClientHello first, got {type(rec).__name__}")
@@ -503,7 +285,7 @@ class Publisher(threading.Thread):
                         Refused(reason="capture refused: wrong or missing token", capture_id=rec.capture_id)
                     ),
                 )
-            refused = self.probe._capture_ctl.request(rec, self._live_stats())
+            refused = self.captures.request(rec, self.reader.live_stats())
             if refused is not None:
                 return self._queue_ctrl(sub, encode(refused))
             return True
@@ -517,26 +299,25 @@ class Publisher(threading.Thread):
         if self._hello_cache is None:
             from engine_adapters.definitions.ceilings import ceiling_for
 
-            probe = self.probe
-            info = probe.engine_info
+            info = self.engine_info
             caps = ["device_samples"]
-            if not probe._capture_ctl.torch_error:
+            if not self.captures.torch_error:
                 caps.append("capture")
             self._hello_cache = encode(
                 Hello(
                     schema=SCHEMA_VERSION,
                     engine=info,
-                    stage_names=probe.stage_names,
+                    stage_names=self.stages.names,
                     probe_version=__version__,
                     wall_minus_mono_ns=time.time_ns() - _clk(),
                     ceiling=ceiling_for(info.device, info.dtype),
-                    started_ns=probe.started_ns,
+                    started_ns=self.started_ns,
                     capabilities=caps,
                 )
             )
         return self._hello_cache
 
-    def _refuse_and_close(self, sub: _Subscriber, reason: str) -> None:
+    def _refuse_and_close(self, sub: Subscriber, reason: str) -> None:
         self._log_limited("refusing %s: %s", sub.addr, reason)
         sub.ctrl.append(encode(Refused(reason=reason)))  # before the hello: the queue is short
         sub.closing = True
@@ -545,26 +326,17 @@ class Publisher(threading.Thread):
         if sub.out is None and not sub.ctrl:
             self._close_sub(sub, reason, level=logging.DEBUG)
 
-    def _send_stats(self, sub: _Subscriber) -> None:
+    def _send_stats(self, sub: Subscriber) -> None:
         # Coalesced: one Stats waits at most, and it is encoded when sent (fresh figures).
         if not sub.stats_queued:
             sub.stats_queued = True
             sub.ctrl.append(None)
 
-    def _stats_frame(self, sub: _Subscriber) -> bytes:
+    def _stats_frame(self, sub: Subscriber) -> bytes:
         sub.stats_queued = False
-        return encode(
-            Stats(
-                ts_ns=_clk(),
-                steps_total=self.probe._w,
-                ring_dropped=self.ring_dropped,
-                sub_dropped=sub.dropped,
-                subscribers=sum(1 for s in self._subs if s.authed),
-                in_step_since_ns=self.probe.in_step_since(),
-            )
-        )
+        return encode(self.reader.heartbeat(sub.dropped, sum(1 for s in self._subs if s.authed)))
 
-    def _queue_ctrl(self, sub: _Subscriber, frame: bytes) -> bool:
+    def _queue_ctrl(self, sub: Subscriber, frame: bytes) -> bool:
         """Queue a control frame; False (and the subscriber closed) when its control
         queue is full: replies are never dropped, so one that reads none must go."""
         if len(sub.ctrl) >= MAX_CTRL_FRAMES:
@@ -578,7 +350,7 @@ class Publisher(threading.Thread):
             if sub.authed and not sub.closing:
                 self._queue_ctrl(sub, frame)
 
-    def _queue_data(self, sub: _Subscriber, blob: bytes, n: int) -> None:
+    def _queue_data(self, sub: Subscriber, blob: bytes, n: int) -> None:
         sub.data.append((blob, n))
         sub.data_bytes += len(blob)
         sub.data_records += n
@@ -590,7 +362,7 @@ class Publisher(threading.Thread):
             sub.data_records -= c
             sub.dropped += c
 
-    def _flush(self, sub: _Subscriber) -> None:
+    def _flush(self, sub: Subscriber) -> None:
         sock = sub.sock
         while True:
             if sub.out is None:
@@ -628,7 +400,7 @@ class Publisher(threading.Thread):
             except (KeyError, ValueError, OSError):
                 pass
 
-    def _close_sub(self, sub: _Subscriber, reason: str, level: int = logging.WARNING) -> None:
+    def _close_sub(self, sub: Subscriber, reason: str, level: int = logging.WARNING) -> None:
         if sub not in self._subs:
             return
         if level >= logging.WARNING:
@@ -662,25 +434,6 @@ class Publisher(threading.Thread):
             log.warning(fmt, *args)
         else:
             self._log_suppressed += 1
-
-    def _live_stats(self) -> dict[str, Any]:
-        """Figures at the moment a capture is requested (for ``meta.json``)."""
-        hist = self.recent_steps()
-        now = _clk()
-        recent = [r for r in hist if now - r.end_ns < 5_000_000_000]
-        out: dict[str, Any] = {
-            "window_s": 5,
-            "steps": len(recent),
-            "steps_total": self.probe._w,
-            "ring_dropped": self.ring_dropped,
-        }
-        if len(recent) >= 2:
-            ms = sorted((r.end_ns - r.start_ns) / 1e6 for r in recent)
-            out["step_ms_p50"] = round(ms[len(ms) // 2], 4)
-            out["step_ms_p99"] = round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 4)
-            span = (recent[-1].end_ns - recent[0].start_ns) / 1e9
-            out["steps_per_s"] = round(len(recent) / span, 2) if span > 0 else None
-        return out
 
     # -- shutdown --------------------------------------------------------------------------------
 

@@ -13,11 +13,11 @@ accepted too (then nothing is known of what was requested).
 from __future__ import annotations
 
 import glob
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine_adapters.definitions.bundle import missing_meta_fields, read_meta
 from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
 from rltperf_tui.analysis import traces as T
 from rltperf_tui.analysis.report_steps import (
@@ -48,38 +48,10 @@ PROFILED_NOTE = (
     "These timings were taken with the profiler on: they are NOT a baseline. Use them to find "
     "where time goes; claim speed-ups only from unprofiled recordings (rltperf record / compare)."
 )
-REQUIRED_META: tuple[tuple[str, ...], ...] = (
-    ("capture",),
-    ("capture", "steps_requested"),
-    ("capture", "steps_captured"),
-    ("capture", "mode"),
-    ("capture", "error"),
-    ("engine",),
-    ("engine", "name"),
-    ("contract",),
-)
-"""meta.json fields without which the bundle cannot be judged complete."""
-OPTIONAL_META: tuple[tuple[str, ...], ...] = (
-    ("capture", "step_ids"),
-    ("capture", "export_s"),
-    ("capture", "trace_bytes"),
-    ("capture", "events"),
-    ("stage_names",),
-    ("live_at_trigger",),
-)
 
 
 class ReportError(Exception):
     """The path is not something a report can be made of; the message says why."""
-
-
-def _get(d: Any, path: tuple[str, ...]) -> tuple[bool, Any]:
-    cur = d
-    for k in path:
-        if not isinstance(cur, dict) or k not in cur:
-            return False, None
-        cur = cur[k]
-    return True, cur
 
 
 def find_trace(folder: str) -> tuple[str | None, list[str]]:
@@ -146,21 +118,10 @@ def analyze_bundle(
                     f"{path} is not a capture bundle (no meta.json, trace.json.gz or steps.jsonl): "
                     "pass the folder `rltperf capture` or the monitor's c / f printed"
                 )
-        mp = os.path.join(folder, "meta.json")
-        if not os.path.exists(mp):
-            problems.append("meta.json is missing: what was requested and the test contract are unknown")
-        else:
-            try:
-                with open(mp, encoding="utf-8") as f:
-                    loaded = json.load(f)
-                if isinstance(loaded, dict):
-                    meta = loaded
-                else:
-                    problems.append("meta.json is not a JSON object")
-            except ValueError as exc:
-                problems.append(f"meta.json is not valid JSON ({exc}): the file is cut or damaged")
-            except OSError as exc:
-                problems.append(f"meta.json cannot be read: {exc.strerror}")
+        got = read_meta(folder)
+        meta = got.raw
+        if got.problem:
+            problems.append(got.problem)
         if trace_path is None:
             problems.append(
                 "no trace file (trace.json.gz) in the bundle: the operators and timeline are missing"
@@ -183,16 +144,9 @@ def analyze_bundle(
     # ---- meta fields
     missing_fields: list[str] = []
     if meta is not None:
-        for fp in REQUIRED_META:
-            ok, _ = _get(meta, fp)
-            if not ok:
-                missing_fields.append(".".join(fp))
-        for name in missing_fields:
-            problems.append(f"meta.json has no '{name}'")
-        for fp in OPTIONAL_META:
-            ok, _ = _get(meta, fp)
-            if not ok:
-                notes.append(f"meta.json has no '{'.'.join(fp)}' (optional)")
+        missing_fields, absent_fields = missing_meta_fields(meta)
+        problems.extend(f"meta.json has no '{name}'" for name in missing_fields)
+        notes.extend(f"meta.json has no '{name}' (optional)" for name in absent_fields)
     cap: dict[str, Any] = (meta or {}).get("capture") or {}
     if not isinstance(cap, dict):
         cap = {}

@@ -28,23 +28,31 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from time import perf_counter_ns as _clk
 from typing import TYPE_CHECKING, Any
 
+from engine_adapters.definitions.bundle import (
+    BundleMeta,
+    CaptureMeta,
+    bundle_name,
+    capture_id_problem,
+    capture_request_problem,
+    new_meta,
+    post_outcome,
+    sanitize_label,
+    seal_bundle,
+    temp_bundle_dir,
+)
+from engine_adapters.definitions.bundle import os_error_text as _os_error_text
 from engine_adapters.definitions.contract import CONTRACT_FIELDS, unknown
 from engine_adapters.definitions.records import (
-    MAX_CAPTURE_STEPS,
     CaptureExporting,
     CaptureFailed,
     CaptureProgress,
     CaptureStarted,
     EngineInfo,
-    to_builtins,
 )
 from engine_adapters.monitor.vllm.http import ServerUnreachable, error_text
-from engine_adapters.probe.bundle import BUNDLE_FORMAT, _os_error_text, bundle_name, post_outcome, seal_bundle
-from engine_adapters.probe.capture import capture_id_problem, sanitize_label
 
 if TYPE_CHECKING:
     from engine_adapters.monitor.vllm.adapter import VllmSession
@@ -375,7 +383,7 @@ class HttpCapture(threading.Thread):
         info = s.info
         engine = info.name if info else "vllm"
         final = os.path.join(root, bundle_name(engine, job.mode, job.steps, job.label))
-        tmp = os.path.join(root, f".tmp-{job.capture_id}-{os.getpid()}")
+        tmp = temp_bundle_dir(root, job.capture_id)
         try:
             os.makedirs(root, exist_ok=True)
             os.mkdir(tmp)
@@ -478,71 +486,62 @@ class HttpCapture(threading.Thread):
         out_files: dict[str, str],
         server_files: dict[str, int],
         note: str | None,
-    ) -> dict[str, Any]:
-        from engine_adapters import __version__
-        from engine_adapters.definitions.records import SCHEMA_VERSION
-
+    ) -> BundleMeta:
         s = self.session
         job = self.job
         info = s.info or EngineInfo(name="vllm")
         full = job.mode == "full"
-        return {
-            "bundle_format": BUNDLE_FORMAT,
-            "rltperf_version": __version__,
-            "schema": SCHEMA_VERSION,
-            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "profiled": True,
-            "note": "Timings in this bundle were taken with vLLM's profiler on: they are not a baseline.",
-            "engine": to_builtins(info),
-            "stage_names": [],
-            "capture": {
-                "capture_id": job.capture_id,
-                "label": job.label or None,
-                "via": "vLLM's own profiler (POST /start_profile, /stop_profile)",
-                "mode": job.mode,
-                "mode_honoured": note is None if facts.events else None,
-                "mode_note": note,
-                "requested": {"record_shapes": full, "profile_memory": full, "with_stack": full},
-                "steps_requested": job.steps,
-                "steps_captured": steps_captured,
-                "step_ids": [],
-                "step_ids_note": (
-                    "vLLM's step annotations carry no engine step id; step_annotations lists them in order"
-                ),
-                "step_annotations": facts.annotations,
-                "record_shapes": facts.record_shapes,
-                "profile_memory": facts.profile_memory,
-                "with_stack": facts.with_stack,
-                "with_flops": facts.with_flops,
-                "settings_source": "read from the trace (the server's --profiler-config fixes them at start)",
-                "activities": ["cpu", *facts.device_activities],
-                "device_trace": bool(facts.device_activities),
-                "cold": (job.start_call_s or 0.0) >= 0.5,
-                "cold_basis": (
-                    f"POST /start_profile took {job.start_call_s or 0.0:.2f} s; >= 0.5 s means the server's "
-                    "profiler initialised on this start"
-                ),
-                "start_call_s": round(job.start_call_s or 0.0, 4),
-                "stop_call_s": round(job.stop_call_s or 0.0, 4),
-                "export_s": round(export_s, 4),
-                "trace_read_s": round(read_s, 4),
-                "trace_bytes": trace_bytes,
-                "events": facts.events,
-                "error": job.error,
-                "requested_ns": job.requested_ns,
-                "window_start_ns": job.started_ns,
-                "window_end_ns": job.window_end_ns,
-                "engine_steps_at_start": job.steps_at_start,
-                "profile_prefix": job.prefix,
-                "server_profiler_dir": s.profiler_dir,
-                "server_files": server_files,
-                "trace_vllm_version": facts.vllm_version,
-            },
-            "live_at_trigger": job.live_at_trigger,
-            "trigger": job.trigger,
-            "contract": server_contract(info),
-            "files": out_files,
-        }
+        capture = CaptureMeta(
+            capture_id=job.capture_id,
+            label=job.label or None,
+            via="vLLM's own profiler (POST /start_profile, /stop_profile)",
+            mode=job.mode,
+            mode_honoured=note is None if facts.events else None,
+            mode_note=note,
+            requested={"record_shapes": full, "profile_memory": full, "with_stack": full},
+            steps_requested=job.steps,
+            steps_captured=steps_captured,
+            step_ids=[],
+            step_ids_note="vLLM's step annotations carry no engine step id; step_annotations lists them in order",
+            step_annotations=facts.annotations,
+            record_shapes=facts.record_shapes,
+            profile_memory=facts.profile_memory,
+            with_stack=facts.with_stack,
+            with_flops=facts.with_flops,
+            settings_source="read from the trace (the server's --profiler-config fixes them at start)",
+            activities=["cpu", *facts.device_activities],
+            device_trace=bool(facts.device_activities),
+            cold=(job.start_call_s or 0.0) >= 0.5,
+            cold_basis=(
+                f"POST /start_profile took {job.start_call_s or 0.0:.2f} s; >= 0.5 s means the server's "
+                "profiler initialised on this start"
+            ),
+            start_call_s=round(job.start_call_s or 0.0, 4),
+            stop_call_s=round(job.stop_call_s or 0.0, 4),
+            export_s=round(export_s, 4),
+            trace_read_s=round(read_s, 4),
+            trace_bytes=trace_bytes,
+            events=facts.events,
+            error=job.error,
+            requested_ns=job.requested_ns,
+            window_start_ns=job.started_ns,
+            window_end_ns=job.window_end_ns,
+            engine_steps_at_start=job.steps_at_start,
+            profile_prefix=job.prefix,
+            server_profiler_dir=s.profiler_dir,
+            server_files=server_files,
+            trace_vllm_version=facts.vllm_version,
+        )
+        return new_meta(
+            note="Timings in this bundle were taken with vLLM's profiler on: they are not a baseline.",
+            engine=info,
+            stage_names=[],
+            capture=capture,
+            live_at_trigger=job.live_at_trigger,
+            trigger=job.trigger,
+            contract=server_contract(info),
+            files=out_files,
+        )
 
 
 def server_contract(info: EngineInfo) -> dict[str, Any]:
@@ -563,17 +562,8 @@ def server_contract(info: EngineInfo) -> dict[str, Any]:
     return out
 
 
-def validate_request(steps: int, mode: str, capture_id: str | None = None) -> str | None:
-    """A reason to refuse a capture request, or None."""
-    if capture_id is not None:
-        bad = capture_id_problem(capture_id)
-        if bad:
-            return bad
-    if mode not in ("ops", "full"):
-        return f"unknown capture mode {mode!r}: use 'ops' or 'full'"
-    if not 1 <= steps <= MAX_CAPTURE_STEPS:
-        return f"capture length {steps} out of range: 1 to {MAX_CAPTURE_STEPS} steps"
-    return None
+validate_request = capture_request_problem
+"""A reason to refuse a capture request, or None (the one check, ``definitions.bundle``)."""
 
 
 def profile_prefix(capture_id: str, label: str) -> str:

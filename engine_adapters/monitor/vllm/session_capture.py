@@ -133,7 +133,7 @@ class CaptureSide:
                     capture_id=cid,
                 ))  # fmt: skip
                 return cid
-            from engine_adapters.probe.capture import sanitize_label
+            from engine_adapters.definitions.bundle import sanitize_label
 
             lab = sanitize_label(label)
             job = HttpCaptureJob(
