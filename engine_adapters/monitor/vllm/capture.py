@@ -19,14 +19,11 @@ Everything here runs in the capture's own thread; ``read()`` is never blocked.
 from __future__ import annotations
 
 import gzip
-import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import perf_counter_ns as _clk
 from typing import TYPE_CHECKING, Any
@@ -53,6 +50,15 @@ from engine_adapters.definitions.records import (
     EngineInfo,
 )
 from engine_adapters.monitor.vllm.http import ServerUnreachable, error_text
+from engine_adapters.monitor.vllm.trace_files import (
+    TraceFacts,
+    is_frontend,
+    is_trace,
+    list_prefixed,
+    mode_note,
+    rank_of,
+    trace_facts,
+)
 
 if TYPE_CHECKING:
     from engine_adapters.monitor.vllm.adapter import VllmSession
@@ -68,8 +74,6 @@ SCRAPE_S = 0.5
 """How often the capture thread reads the server's step count during the window."""
 STOP_GRACE_S = 2.0
 """After the metrics show N steps, how long to wait for the workers' own stop."""
-STEP_ANNOTATION = re.compile(r"^execute_(?:\d+_)?context_\d+\(")
-"""vLLM's per-step annotation in worker traces (plain and ``detailed_trace_annotation``)."""
 PROFILER_FLAG_HELP = '--profiler-config \'{"profiler": "torch", "torch_profiler_dir": "/abs/dir"}\''
 
 
@@ -95,106 +99,6 @@ class HttpCaptureJob:
     export_start_ns: int | None = None
     error: str | None = None
     stop_sent: bool = False
-
-
-@dataclass
-class TraceFacts:
-    """What a worker trace shows the profiler did."""
-
-    events: int = 0
-    annotations: list[dict[str, Any]] = field(default_factory=list)
-    record_shapes: bool = False
-    with_stack: bool = False
-    profile_memory: bool = False
-    with_flops: bool = False
-    device_activities: list[str] = field(default_factory=list)
-    vllm_version: str | None = None
-
-
-def trace_facts(path: str) -> TraceFacts:
-    """Read a (gzipped) Chrome trace: events, step annotations, what was recorded."""
-    opener: Callable[..., Any] = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = json.load(f)
-    events = data.get("traceEvents", []) if isinstance(data, dict) else data
-    facts = TraceFacts(events=len(events))
-    device = set()
-    for e in events:
-        if not isinstance(e, dict):
-            continue
-        cat = e.get("cat")
-        name = str(e.get("name", ""))
-        if cat == "user_annotation" and e.get("ph") == "X" and STEP_ANNOTATION.match(name):
-            facts.annotations.append(
-                {"name": name, "ts_us": e.get("ts"), "dur_ms": round(e.get("dur", 0) / 1e3, 4)}
-            )
-        elif cat == "python_function":
-            facts.with_stack = True
-        elif name == "[memory]":
-            facts.profile_memory = True
-        elif cat in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"):
-            device.add(str(cat))
-        args = e.get("args")
-        if isinstance(args, dict) and not facts.record_shapes and args.get("Input Dims"):
-            facts.record_shapes = True
-        if isinstance(args, dict) and not facts.with_flops and "flops" in args:
-            facts.with_flops = True
-    facts.annotations.sort(key=lambda a: a.get("ts_us") or 0)
-    facts.device_activities = sorted(device)
-    if isinstance(data, dict):
-        v = data.get("vllm_version")
-        facts.vllm_version = str(v) if v is not None else None
-    return facts
-
-
-def mode_note(requested: str, facts: TraceFacts) -> str | None:
-    """A sentence when the server's fixed profiler settings differ from the requested mode."""
-    did = {"record_shapes": facts.record_shapes, "profile_memory": facts.profile_memory,
-           "with_stack": facts.with_stack}  # fmt: skip
-    want = requested == "full"
-    wrong = [k for k, v in did.items() if v != want]
-    if not wrong:
-        return None
-    on = ", ".join(k for k, v in did.items() if v) or "none"
-    cfg = {"record_shapes": "torch_profiler_record_shapes", "profile_memory": "torch_profiler_with_memory",
-           "with_stack": "torch_profiler_with_stack"}  # fmt: skip
-    fix = ", ".join(f'"{cfg[k]}": {"true" if want else "false"}' for k in wrong)
-    return (
-        f"requested {requested} mode, but the vLLM server's --profiler-config fixes what is recorded "
-        f"(this trace has: {on}); restart the server with {fix} in --profiler-config to get {requested} mode"
-    )
-
-
-def _list_prefixed(directory: str, prefix: str) -> dict[str, int]:
-    """Files in ``directory`` starting with ``prefix + '_'`` and their sizes."""
-    out: dict[str, int] = {}
-    try:
-        with os.scandir(directory) as it:
-            for ent in it:
-                if ent.name.startswith(prefix + "_") and ent.is_file():
-                    try:
-                        out[ent.name] = ent.stat().st_size
-                    except OSError:
-                        pass
-    except OSError:
-        pass
-    return out
-
-
-def _is_trace(name: str) -> bool:
-    return name.endswith(".pt.trace.json.gz") or name.endswith(".pt.trace.json")
-
-
-def _is_frontend(name: str) -> bool:
-    return ".async_llm." in name
-
-
-_RANK = re.compile(r"rank(\d+)")
-
-
-def _rank_of(name: str) -> int:
-    m = _RANK.search(name)
-    return int(m.group(1)) if m else 0
 
 
 class HttpCapture(threading.Thread):
@@ -281,7 +185,7 @@ class HttpCapture(threading.Thread):
             self._wait_window(pdir)
         finally:
             self._stop()
-        if job.error and not _list_prefixed(pdir, job.prefix):
+        if job.error and not list_prefixed(pdir, job.prefix):
             self.post(CaptureFailed(capture_id=job.capture_id, reason=job.error))
             job.state = "failed"
             return
@@ -300,8 +204,8 @@ class HttpCapture(threading.Thread):
         next_scrape = 0.0
         done_at: float | None = None
         while not self.cancel.is_set():
-            files = _list_prefixed(pdir, job.prefix)
-            if any(_is_trace(n) and not _is_frontend(n) for n in files):
+            files = list_prefixed(pdir, job.prefix)
+            if any(is_trace(n) and not is_frontend(n) for n in files):
                 self._exporting()
                 return
             now = time.monotonic()
@@ -365,11 +269,11 @@ class HttpCapture(threading.Thread):
     def _settled_files(self, pdir: str) -> dict[str, int]:
         """The capture's files once their sizes stop changing (a trace may still be written)."""
         job = self.job
-        prev = _list_prefixed(pdir, job.prefix)
+        prev = list_prefixed(pdir, job.prefix)
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline:
             time.sleep(0.2)
-            cur = _list_prefixed(pdir, job.prefix)
+            cur = list_prefixed(pdir, job.prefix)
             if cur == prev and cur:
                 return cur
             prev = cur
@@ -390,10 +294,10 @@ class HttpCapture(threading.Thread):
         except OSError as exc:
             self._fail(_os_error_text(exc, f"the bundle under snapshot root {root}"))
             return
-        workers = sorted((n for n in files if _is_trace(n) and not _is_frontend(n)), key=_rank_of)
-        frontends = sorted(n for n in files if _is_trace(n) and _is_frontend(n))
+        workers = sorted((n for n in files if is_trace(n) and not is_frontend(n)), key=rank_of)
+        frontends = sorted(n for n in files if is_trace(n) and is_frontend(n))
         tables = sorted(
-            (n for n in files if n.endswith(".profiler_out.txt") and not _is_frontend(n)), key=_rank_of
+            (n for n in files if n.endswith(".profiler_out.txt") and not is_frontend(n)), key=rank_of
         )
         out_files: dict[str, str] = {}
         facts = TraceFacts()
@@ -405,7 +309,7 @@ class HttpCapture(threading.Thread):
                     job.error or f"the server wrote no worker trace with prefix {job.prefix!r} into {pdir}"
                 )
             for i, name in enumerate(workers):
-                dst = "trace.json.gz" if i == 0 else f"trace_rank{_rank_of(name)}.json.gz"
+                dst = "trace.json.gz" if i == 0 else f"trace_rank{rank_of(name)}.json.gz"
                 self._copy_gz(os.path.join(pdir, name), os.path.join(tmp, dst))
                 out_files[dst] = f"worker trace {name} (Chrome trace, Perfetto)"
             if workers:

@@ -18,7 +18,7 @@ often empty, as vLLM listens only after its engine started, so a reader looks at
 API server's sockets itself),
 the profiler config (``--profiler-config``: ``torch_profiler_dir`` and what is
 recorded), the engine's ``EngineInfo`` fields (dtype, device, quantization...; those
-of ``hooks.engine_info``), the probe address, and the vLLM and rltperf versions.
+of ``engine_facts.engine_info``), the probe address, and the vLLM and rltperf versions.
 
 The monitor side (``engine_adapters.monitor.vllm.announced``) picks the announcement of
 the server it attaches to by port, after checking both processes are alive, so a file
@@ -147,13 +147,13 @@ def describe(core: Any) -> dict[str, Any]:
     engine: dict[str, Any] | None
     engine_error = None
     try:
-        from engine_adapters.probe.vllm import hooks
+        from engine_adapters.probe.vllm import engine_facts
 
         mc = cfg.model_config
-        loops = hooks._loop_count(getattr(mc, "hf_text_config", None) or mc.hf_config) or hooks._loop_count(
-            mc.hf_config
-        )
-        engine = hooks.engine_info(core, loops)
+        loops = engine_facts.loop_count(
+            getattr(mc, "hf_text_config", None) or mc.hf_config
+        ) or engine_facts.loop_count(mc.hf_config)
+        engine = engine_facts.engine_info(core, loops)
     except Exception as exc:  # the announcement still carries the profiler
         engine, engine_error = None, f"{type(exc).__name__}: {exc}"
     served = getattr(cfg.model_config, "served_model_name", None)

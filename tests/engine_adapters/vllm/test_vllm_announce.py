@@ -28,7 +28,7 @@ from vllm_fixtures import Load, Server, plugin_missing_reason, start_server, vll
 
 from engine_adapters.monitor.vllm.adapter import VllmAdapter
 from engine_adapters.monitor.vllm.announced import Announcement, find
-from engine_adapters.monitor.vllm.capture import STEP_ANNOTATION
+from engine_adapters.monitor.vllm.trace_files import STEP_ANNOTATION
 from rltperf_tui.analysis.summary import SUMMARY_KEYS
 from tests.conftest import LOOP_ENGINE, run_rltperf, start_engine
 from tests.ui._uihelpers import RECORDING, panel_text, sync, wait_for

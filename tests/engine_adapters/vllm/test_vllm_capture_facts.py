@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapters.monitor.vllm.capture import mode_note, profile_prefix, trace_facts, validate_request
+from engine_adapters.monitor.vllm.capture import profile_prefix, validate_request
+from engine_adapters.monitor.vllm.trace_files import mode_note, trace_facts
 
 
 def _trace(path: Path, steps: int, **kw: bool) -> Path:

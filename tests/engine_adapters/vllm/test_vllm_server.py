@@ -47,7 +47,7 @@ from engine_adapters.definitions.records import (
 )
 from engine_adapters.monitor.tcp import ProbeAdapter
 from engine_adapters.monitor.vllm.adapter import VllmAdapter
-from engine_adapters.monitor.vllm.capture import STEP_ANNOTATION
+from engine_adapters.monitor.vllm.trace_files import STEP_ANNOTATION
 from rltperf_tui.aggregator import TargetStats
 
 _why = vllm_missing_reason()
