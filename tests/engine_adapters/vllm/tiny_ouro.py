@@ -243,13 +243,8 @@ def start_ouro_server(root: Path, hf_overrides: dict[str, Any] | None = None, ex
     """Build the tiny Ouro (``total_ut_steps`` 4) under ``root`` and serve it as
     ``vllm_fixtures.start_server`` serves the tiny Llama (same flags and environment, the
     rltperf probe on), plus ``--hf-overrides`` and, without weights, ``--load-format dummy``."""
-    import subprocess
-    import time
-    import urllib.error
-    import urllib.request
-
     sys.path.insert(0, str(Path(__file__).parent))
-    from vllm_fixtures import MODEL_NAME, ROOT, START_TIMEOUT_S, Server, free_port
+    from vllm_fixtures import MODEL_NAME, ROOT, free_port, launch
 
     model = build(root / "model", total_ut_steps=4, weights=weights)
     prof, tmp = root / "prof", root / "tmp"
@@ -276,26 +271,7 @@ def start_ouro_server(root: Path, hf_overrides: dict[str, Any] | None = None, ex
         cmd += ["--hf-overrides", json.dumps(hf_overrides)]
     if not weights:
         cmd += ["--load-format", "dummy"]
-    log_path = root / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root),
-                                start_new_session=True)  # fmt: skip
-    server = Server(proc, port, probe, prof, log_path, model)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited ({proc.returncode}) during start:\n{server.log_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(server.url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return server
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1.0)
-    server.stop()
-    raise RuntimeError(
-        f"vLLM did not answer /health within {START_TIMEOUT_S:.0f} s:\n{server.log_text()[-3000:]}"
-    )
+    return launch(cmd, env, root, port, probe, prof, model)
 
 
 if __name__ == "__main__":

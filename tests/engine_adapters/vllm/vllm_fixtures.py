@@ -133,6 +133,13 @@ def start_server(root: Path, extra_env: dict[str, str] | None = None) -> Server:
         "--max-model-len", "512", "--enforce-eager", "--enable-mfu-metrics", "--enable-logging-iteration-details",
         "--profiler-config", json.dumps(profiler_config),
     ]  # fmt: skip
+    return launch(cmd, env, root, port, probe, prof, model)
+
+
+def launch(
+    cmd: list[str], env: dict[str, str], root: Path, port: int, probe: str, prof: Path, model: Path
+) -> Server:
+    """Start the server ``cmd`` (its log in ``root/server.log``) and wait for /health."""
     log_path = root / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
