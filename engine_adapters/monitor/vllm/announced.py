@@ -173,7 +173,7 @@ def merge(info: EngineInfo, ann: Announcement) -> EngineInfo:
     e = ann.engine
     fields: dict[str, Any] = {}
     for k in ("dtype", "quantization", "device", "max_requests", "token_budget", "spec_config",
-              "kv_block_tokens", "kv_capacity_blocks", "max_loops", "loop_config", "kv_policy"):  # fmt: skip
+              "kv_block_tokens", "kv_capacity_blocks", "max_loops", "loop_config", "kv_policy", "random_weights"):  # fmt: skip
         if getattr(info, k) is None and e.get(k) is not None:
             fields[k] = e[k]
     fields["pid"] = ann.engine_pid

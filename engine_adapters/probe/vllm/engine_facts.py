@@ -8,6 +8,7 @@ Part of ``hooks.py``'s dependence on vLLM's internals (the supported versions ar
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -70,6 +71,9 @@ def engine_info(core: Any, loops: int | None) -> dict[str, Any]:
         "max_model_len": mc.max_model_len,
         "seeds": f"engine seed {mc.seed} (per-request seeds are set by clients)",
     }
+    random = random_weights(cfg)
+    if random:
+        contract["random_weights"] = random
     if device_type == "cpu":
         contract["devices"] = f"CPU ({device_name})"
         contract["interconnect"] = "none (CPU)"
@@ -94,8 +98,21 @@ def engine_info(core: Any, loops: int | None) -> dict[str, Any]:
         "max_requests": sc.max_num_seqs,
         "token_budget": sc.max_num_batched_tokens,
         "workload": "requests from the server's clients (not known to the engine)",
+        "random_weights": True if random else None,
         "contract": contract,
     }
+
+
+def random_weights(cfg: Any) -> str | None:
+    """Why the weights are known to be random, or None (vLLM cannot tell trained weights
+    from others): ``--load-format dummy``, or a ``RANDOM_WEIGHTS`` file in the model
+    directory (rltperf's test models write one)."""
+    if str(getattr(getattr(cfg, "load_config", None), "load_format", "")) == "dummy":
+        return "yes: --load-format dummy (performance studies only)"
+    model = str(getattr(cfg.model_config, "model", ""))
+    if model and os.path.isfile(os.path.join(model, "RANDOM_WEIGHTS")):
+        return f"yes: {os.path.join(model, 'RANDOM_WEIGHTS')} (performance studies only)"
+    return None
 
 
 def kv_blocks(sched: Any) -> tuple[int | None, int | None]:

@@ -92,6 +92,8 @@ def test_step_records_carry_per_loop_time_exits_and_kv(ouro_run: dict[str, Any])
     assert not ouro_run["load"].errors, ouro_run["load"].errors[:3]
     hello = next(r for r in records if isinstance(r, Hello))
     assert hello.engine.max_loops == PASSES and hello.engine.kv_policy == "per_depth"
+    assert hello.engine.random_weights is True  # the test model's RANDOM_WEIGHTS file
+    assert "RANDOM_WEIGHTS" in str(hello.engine.contract.get("random_weights"))
     assert f"q={THRESHOLD:g}" in (hello.engine.loop_config or "")  # --hf-overrides reached the model
     steps = [r for r in records if isinstance(r, StepRecord) and r.kind != "idle"]
     assert len(steps) >= 20

@@ -189,6 +189,7 @@ async def test_c_in_the_monitor_captures_and_the_header_names_dtype_and_device(
             head = panel_text(app, TargetHeader)
             assert "float32" in head and "cpu" in head, head
             assert "dtype ?" not in head and "device ?" not in head, head
+            assert "RANDOM WEIGHTS" in head, head  # announced: the model dir's RANDOM_WEIGHTS file
             await pilot.press("c")
             await wait_for(
                 pilot,
