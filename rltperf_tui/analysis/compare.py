@@ -337,23 +337,20 @@ def _segment_values(part: dict[str, Any], key: str, peak: float | None) -> list[
         return S.segment_values(part[base], float(qs[1:]))
     raw = part["raw"]
     n = raw["start"].size
-    if n < 40:
+    if n < 40 or key not in F.RATIO_FIGURES or (key == "mbu" and not peak):
         return None
-    out = []
-    for idx in np.array_split(np.arange(n), 4):
-        span = float(raw["owned_ns"][idx].sum()) / 1e9  # the same time as the whole's (figures)
-        if span <= 0:
-            return None
-        if key == "tokens_per_s":
-            out.append(float(raw["tokens"][idx].sum() / span))
-        elif key == "idle_fraction":
-            b = raw["busy"][idx]
-            out.append(float(1 - min(1.0, np.nansum(b) / 1e9 / span)))
-        elif key == "mbu" and peak:
-            out.append(float(np.nansum(raw["bytes"][idx]) / (span * peak * 1e9)))
-        else:
-            return None
-    return out
+    quarters = np.array_split(np.arange(n), 4)
+    # the quarters' sums, each quarter a window of its own, then the window's formula
+    # on the four at once; time is the steps' owned time, as the whole's (figures)
+    sums = F.RatioSums(
+        seconds=np.array([float(raw["owned_ns"][q].sum()) / 1e9 for q in quarters]),
+        tokens=np.array([raw["tokens"][q].sum() for q in quarters]),
+        busy_s=np.array([np.nansum(raw["busy"][q]) / 1e9 for q in quarters]),
+        nbytes=np.array([np.nansum(raw["bytes"][q]) for q in quarters]),
+    )
+    if (sums.seconds <= 0).any():
+        return None
+    return [float(v) for v in F.ratio_figure(key, sums, peak)]
 
 
 def _sum_hist(hs: list[list[int]]) -> list[int]:

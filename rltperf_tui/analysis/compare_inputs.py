@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from engine_adapters.definitions import figures as F
+from engine_adapters.definitions import roofline as RL
 from engine_adapters.definitions.records import (
     Ceiling,
     EngineInfo,
@@ -166,10 +167,10 @@ def _series_part(
     nbytes = St.last("bytes")[keep]
     flops = St.last("flops")[keep]
     dur_s = (end - start)[keep] / 1e9
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore"):
         rl_ok = np.isfinite(nbytes) & np.isfinite(flops) & (nbytes > 0) & (dur_s > 0)
-        intensity = flops[rl_ok] / nbytes[rl_ok]
-        gflops = flops[rl_ok] / dur_s[rl_ok] / 1e9
+    intensity = RL.arithmetic_intensity(flops[rl_ok], nbytes[rl_ok])
+    gflops = RL.achieved_gflops(flops[rl_ok], dur_s[rl_ok])
     part = {
         "path": path,
         "step_ms": step_ms,
