@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from engine_adapters.definitions import figures as F
+from rltperf_tui.analysis import gate as G
 from rltperf_tui.analysis import stats as S
 from rltperf_tui.analysis.compare_bundles import compare_bundles
 from rltperf_tui.analysis.compare_inputs import (
@@ -77,8 +78,12 @@ def compare_recordings(
     peak_gbps: float | None = None,
     seed: int = 0,
     block_s: float = S.DEFAULT_BLOCK_S,
+    fail_on: list[G.FailOn] | None = None,
 ) -> dict[str, Any]:
-    """Compare A and B recordings (several of each: interleaved rounds, paired in order)."""
+    """Compare A and B recordings (several of each: interleaved rounds, paired in order).
+
+    ``fail_on``: the regression gate's rules (``analysis.gate``); each sets its figure's
+    smallest effect of interest, and the result then has a ``gate``."""
     check_distinct([p for pair in zip(a_paths, b_paths, strict=False) for p in pair])
     rng = np.random.default_rng(seed)
     A = load_side("A", a_paths, peak_gbps, block_s)
@@ -101,6 +106,7 @@ def compare_recordings(
         min_effect=min_effect,
         abs_floor={"ms": 0.01 * a_step_p50, "fraction": 0.01},
         floor_basis={"ms": "1% of A's median step time", "fraction": "the absolute floor"},
+        effects=G.effects(fail_on) if fail_on else None,
     )
 
     # drift: within each recording (quarters), then between rounds (in this order)
@@ -108,6 +114,7 @@ def compare_recordings(
     metrics = [d.as_dict() for d in diffs]
     summary = _summary(metrics)
     stage_rows = _stage_rows(A, B)
+    gate = {"gate": G.judge(metrics, fail_on)} if fail_on else {}
     return {
         "kind": "recordings",
         "a": _side_json(A),
@@ -135,6 +142,7 @@ def compare_recordings(
             "a": _sum_hist([p["exit_hist"] for p in A.parts]),
             "b": _sum_hist([p["exit_hist"] for p in B.parts]),
         },
+        **gate,
         "_series": (A, B),
     }
 
