@@ -230,14 +230,17 @@ def _time_blocks(
 
     Time is the recording's wall time, tiled by the steps (each owns the time since the
     previous step's end; engine_adapters.definitions.figures): excluded steps take theirs
-    out, and the quiet tail after the last step belongs to the last block."""
+    out, and the quiet tail after the last step belongs to the last block, whether or not
+    that step was excluded."""
     St = stats.steps
     k = int(keep.sum())
     w0, w1 = stats.window_bounds(None)
     owned = (end - F.owned_from(start, end, w0)).astype(np.float64)
-    if end.size:
-        owned[-1] += max(0, w1 - int(end[-1]))
     owned_k = owned[keep]
+    if owned_k.size:
+        # the quiet tail is no step's own time: baseline (idle) time even when the last
+        # step was excluded (a recording ending on a capture's export), as in the window
+        owned_k[-1] += max(0, w1 - int(end[-1]))
     span_s = float(owned_k.sum()) / 1e9
     blk = max(S.block_length(k), math.ceil(block_s * k / span_s)) if span_s > 0 else S.block_length(k)
     blk = min(blk, max(1, k // 3))

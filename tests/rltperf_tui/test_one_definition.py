@@ -116,10 +116,20 @@ def _hand_recording(
     tokens: tuple[int, ...] = QUARTER_TOKENS,
     busy_ms: tuple[float, ...] = QUARTER_BUSY_MS,
     nbytes: tuple[int, ...] = QUARTER_BYTES,
+    excluded_from: int = 80,
+    quiet_ms: int = 0,
 ) -> None:
     """80 steps of 10 ms after 2 ms gaps; per quarter: ``tokens``, ``busy_ms``, ``nbytes``
-    per step."""
-    from engine_adapters.definitions.records import SCHEMA_VERSION, EngineInfo, Hello, Stats, StepRecord
+    per step.  Steps from ``excluded_from`` on are flagged exporting; a heartbeat between
+    steps ``quiet_ms`` after the last step's end makes the recording end quiet."""
+    from engine_adapters.definitions.records import (
+        FLAG_EXPORTING,
+        SCHEMA_VERSION,
+        EngineInfo,
+        Hello,
+        Stats,
+        StepRecord,
+    )
     from engine_adapters.monitor.recording import RecordingWriter
 
     t0 = 5 * 10**9
@@ -143,8 +153,11 @@ def _hand_recording(
                 bytes_read=nbytes[q] - 200_000,
                 bytes_written=200_000,
                 flops=1e6,
+                flags=FLAG_EXPORTING if i >= excluded_from else 0,
             )
         )
+    if quiet_ms:
+        recs.append(Stats(ts_ns=t0 + 80 * 12 * MS_NS + quiet_ms * MS_NS, in_step_since_ns=0))
     w = RecordingWriter(path)
     w.write(recs)
     w.close()
@@ -230,3 +243,35 @@ def test_compare_reports_the_quarters_by_hand(tmp_path: Path) -> None:
         segs = res["drift"]["segments"][key]
         assert segs["A1"] == pytest.approx(BY_HAND[key], abs=1e-6), (key, segs)
         assert segs["B1"] == pytest.approx(b_quarters[key], abs=1e-6), (key, segs)
+
+
+def test_a_recording_ending_in_excluded_steps_keeps_its_quiet_tail(tmp_path: Path) -> None:
+    """The quiet time after the last step is baseline (idle) time in the window, whether
+    or not that step was excluded.  compare dropped it with an excluded last step (a
+    recording that ends on a capture's export, then quiet), reading this one's tokens/s
+    333.3 and idle 0.5 where summary reads 217.4 and 0.674.
+
+    By hand: steps 75-79 exporting leave with their 5 x 12 ms; the 75 kept steps own
+    0.90 s, the quiet tail adds 0.48 s: T = 1.38 s; tokens 75 x 4 = 300 -> 217.39 tok/s;
+    busy 75 x 6 ms = 0.45 s -> idle 1 - 0.45 / 1.38 = 0.6739; bytes 75 x 1 MB -> MBU
+    75e6 / (1.38 x 1e9) = 0.05435 against 1 GB/s."""
+    a, b = tmp_path / "a.rltrec", tmp_path / "b.rltrec"
+    flat = {"tokens": (4,) * 4, "busy_ms": (6,) * 4, "nbytes": (1_000_000,) * 4}
+    _hand_recording(a, **flat, excluded_from=75, quiet_ms=480)
+    _hand_recording(b, **flat, quiet_ms=480)
+    want = {"tokens_per_s": 300 / 1.38, "idle_fraction": 1 - 0.45 / 1.38, "mbu": 75e6 / 1.38e9}
+    summ = json.loads(run_rltperf("summary", str(a), "--json", "--peak-gbps", str(PEAK)).stdout)
+    assert summ["baseline_s"] == pytest.approx(1.38)
+    out = run_rltperf("compare", str(a), str(b), "--json", "--peak-gbps", str(PEAK))
+    assert out.returncode == 0, out.stderr
+    got = {m["key"]: m for m in json.loads(out.stdout)["metrics"]}
+    for key, v in want.items():
+        assert summ[key] == pytest.approx(v, rel=1e-9), key
+        assert got[key]["a"] == pytest.approx(v, rel=1e-5), (key, got[key]["a"], v)
+    # the quarters too: the last holds the tail (19 kept steps, 0.228 s + 0.48 s)
+    from rltperf_tui.analysis import compare as C
+
+    (part,) = C.load_side("A", [str(a)], PEAK).parts
+    assert part["span_s"] == pytest.approx(1.38)
+    q = C._segment_values(part, "tokens_per_s", PEAK)
+    assert q == pytest.approx([19 * 4 / 0.228, 19 * 4 / 0.228, 19 * 4 / 0.228, 18 * 4 / (0.216 + 0.48)])
