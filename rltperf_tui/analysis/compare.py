@@ -110,7 +110,10 @@ def compare_recordings(
     )
 
     # drift: within each recording (quarters), then between rounds (in this order)
-    drift = {"segments": _segment_drift(A, B, diffs, peak_mbu), "rounds": _round_drift(A, B, diffs, warnings)}
+    drift = {
+        "segments": _segment_drift(A, B, diffs, peak_mbu),
+        "rounds": _round_drift(A, B, diffs, warnings, peak_mbu),
+    }
     metrics = [d.as_dict() for d in diffs]
     summary = _summary(metrics)
     stage_rows = _stage_rows(A, B)
@@ -265,10 +268,12 @@ def _segment_drift(A: RecSeries, B: RecSeries, diffs: list[S.Diff], peak: float 
 
 
 def _round_drift(
-    A: RecSeries, B: RecSeries, diffs: list[S.Diff], warnings: list[str]
+    A: RecSeries, B: RecSeries, diffs: list[S.Diff], warnings: list[str], peak: float | None = None
 ) -> dict[str, Any] | None:
     """Drift between interleaved rounds: a significant difference must keep its sign in
-    every round (else it fails ``S.FAIL_ROUNDS``); None with fewer than two rounds."""
+    every round (else it fails ``S.FAIL_ROUNDS``), the percentiles and the ratio figures
+    alike (each round's ratio by the window's definition); None with fewer than two
+    rounds."""
     n_rounds = min(len(A.parts), len(B.parts))
     if n_rounds >= 2:
         rounds = []
@@ -278,11 +283,15 @@ def _round_drift(
         for d in diffs:
             key = d.extra["key"]
             base, _, qs = key.partition(".")
-            if base not in dict(_DIST):
+            if base in dict(_DIST):
+                qq = float(qs[1:])
+                va = [_metric_values(A.parts[i], base, qq) for i in order]
+                vb = [_metric_values(B.parts[i], base, qq) for i in order]
+            elif key in F.RATIO_FIGURES and d.p is not None:
+                va = [_part_ratio(A.parts[i], key, peak) for i in order]
+                vb = [_part_ratio(B.parts[i], key, peak) for i in order]
+            else:
                 continue
-            qq = float(qs[1:])
-            va = [_metric_values(A.parts[i], base, qq) for i in order]
-            vb = [_metric_values(B.parts[i], base, qq) for i in order]
             if any(v is None for v in va + vb):
                 continue
             dd = [float(y or 0.0) - float(x or 0.0) for x, y in zip(va, vb, strict=True)]
@@ -347,18 +356,33 @@ def _segment_values(part: dict[str, Any], key: str, peak: float | None) -> list[
     n = raw["start"].size
     if n < 40 or key not in F.RATIO_FIGURES or (key == "mbu" and not peak):
         return None
-    quarters = np.array_split(np.arange(n), 4)
-    # the quarters' sums, each quarter a window of its own, then the window's formula
-    # on the four at once; time is the steps' owned time, as the whole's (figures)
-    sums = F.RatioSums(
-        seconds=np.array([float(raw["owned_ns"][q].sum()) / 1e9 for q in quarters]),
-        tokens=np.array([raw["tokens"][q].sum() for q in quarters]),
-        busy_s=np.array([np.nansum(raw["busy"][q]) / 1e9 for q in quarters]),
-        nbytes=np.array([np.nansum(raw["bytes"][q]) for q in quarters]),
-    )
+    # each quarter a window of its own: the window's formula on the four at once
+    sums = _ratio_sums(raw, np.array_split(np.arange(n), 4))
     if (sums.seconds <= 0).any():
         return None
     return [float(v) for v in F.ratio_figure(key, sums, peak)]
+
+
+def _ratio_sums(raw: dict[str, np.ndarray], groups: list[np.ndarray]) -> F.RatioSums:
+    """The ratio figures' sums over each group of a recording's steps; time is the
+    steps' owned time, as the whole recording's (figures)."""
+    return F.RatioSums(
+        seconds=np.array([float(raw["owned_ns"][g].sum()) / 1e9 for g in groups]),
+        tokens=np.array([raw["tokens"][g].sum() for g in groups]),
+        busy_s=np.array([np.nansum(raw["busy"][g]) / 1e9 for g in groups]),
+        nbytes=np.array([np.nansum(raw["bytes"][g]) for g in groups]),
+    )
+
+
+def _part_ratio(part: dict[str, Any], key: str, peak: float | None) -> float | None:
+    """A ratio figure over one whole recording (one round), by the window's definition."""
+    n = part["raw"]["start"].size
+    if not n or (key == "mbu" and not peak):
+        return None
+    sums = _ratio_sums(part["raw"], [np.arange(n)])
+    if sums.seconds[0] <= 0:
+        return None
+    return float(F.ratio_figure(key, sums, peak)[0])
 
 
 def _sum_hist(hs: list[list[int]]) -> list[int]:

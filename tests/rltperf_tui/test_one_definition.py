@@ -19,6 +19,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_rltperf
+from tests.rltperf_tui.hand_recording import (
+    hand_recording,
+)
 from tests.ui._uihelpers import RECORDING
 
 
@@ -98,69 +101,13 @@ def test_each_formula_takes_scalars_and_arrays() -> None:
 # The bootstrap's blocks are 10 steps (0.12 s; --block-s 0.115 asks for ≥ 9.6 steps), two
 # per quarter: block b lies in quarter b // 2.
 
-MS_NS = 1_000_000
 PEAK = 1.0  # GB/s
-QUARTER_TOKENS = (2, 3, 4, 5)
-QUARTER_BUSY_MS = (2, 4, 6, 8)
-QUARTER_BYTES = (1_200_000, 2_400_000, 3_600_000, 4_800_000)
 BY_HAND = {
     "tokens_per_s": [40 / 0.24, 60 / 0.24, 80 / 0.24, 100 / 0.24],
     "idle_fraction": [1 - 0.04 / 0.24, 1 - 0.08 / 0.24, 1 - 0.12 / 0.24, 1 - 0.16 / 0.24],
     "mbu": [0.1, 0.2, 0.3, 0.4],
 }
 WHOLE = {"tokens_per_s": 280 / 0.96, "idle_fraction": 1 - 0.4 / 0.96, "mbu": 0.25}
-
-
-def _hand_recording(
-    path: Path,
-    tokens: tuple[int, ...] = QUARTER_TOKENS,
-    busy_ms: tuple[float, ...] = QUARTER_BUSY_MS,
-    nbytes: tuple[int, ...] = QUARTER_BYTES,
-    excluded_from: int = 80,
-    quiet_ms: int = 0,
-) -> None:
-    """80 steps of 10 ms after 2 ms gaps; per quarter: ``tokens``, ``busy_ms``, ``nbytes``
-    per step.  Steps from ``excluded_from`` on are flagged exporting; a heartbeat between
-    steps ``quiet_ms`` after the last step's end makes the recording end quiet."""
-    from engine_adapters.definitions.records import (
-        FLAG_EXPORTING,
-        SCHEMA_VERSION,
-        EngineInfo,
-        Hello,
-        Stats,
-        StepRecord,
-    )
-    from engine_adapters.monitor.recording import RecordingWriter
-
-    t0 = 5 * 10**9
-    recs: list = [
-        Hello(schema=SCHEMA_VERSION, engine=EngineInfo(name="by-hand"), stage_names=[]),
-        Stats(ts_ns=t0, in_step_since_ns=0),  # the stream starts 2 ms before the first step
-    ]
-    for i in range(80):
-        q = i // 20
-        start = t0 + i * 12 * MS_NS + 2 * MS_NS
-        recs.append(
-            StepRecord(
-                step_id=i,
-                start_ns=start,
-                end_ns=start + 10 * MS_NS,
-                kind="decode",
-                batch=1,
-                tokens=1,
-                out_tokens=tokens[q],
-                busy_ns=int(busy_ms[q] * MS_NS),
-                bytes_read=nbytes[q] - 200_000,
-                bytes_written=200_000,
-                flops=1e6,
-                flags=FLAG_EXPORTING if i >= excluded_from else 0,
-            )
-        )
-    if quiet_ms:
-        recs.append(Stats(ts_ns=t0 + 80 * 12 * MS_NS + quiet_ms * MS_NS, in_step_since_ns=0))
-    w = RecordingWriter(path)
-    w.write(recs)
-    w.close()
 
 
 def test_quarters_and_bootstrap_resamples_are_the_window_figures_by_hand(tmp_path: Path) -> None:
@@ -173,7 +120,7 @@ def test_quarters_and_bootstrap_resamples_are_the_window_figures_by_hand(tmp_pat
     from rltperf_tui.analysis import stats as S
 
     a = tmp_path / "a.rltrec"
-    _hand_recording(a)
+    hand_recording(a)
     side = C.load_side("A", [str(a)], PEAK, block_s=0.115)
     (part,) = side.parts
     assert part["steps"] == 80 and part["span_s"] == pytest.approx(0.96)
@@ -220,9 +167,9 @@ def test_compare_reports_the_quarters_by_hand(tmp_path: Path) -> None:
     tokens/s, idle and MBU past Holm and the smallest effect, states A and B as worked
     out by hand, and its drift check prints each side's quarters as worked out by hand."""
     a, b = tmp_path / "a.rltrec", tmp_path / "b.rltrec"
-    _hand_recording(a)
+    hand_recording(a)
     # B by hand: tokens 8..11 per step; busy 9.5 ms and 6 MB in every step
-    _hand_recording(b, tokens=(8, 9, 10, 11), busy_ms=(9.5,) * 4, nbytes=(6_000_000,) * 4)
+    hand_recording(b, tokens=(8, 9, 10, 11), busy_ms=(9.5,) * 4, nbytes=(6_000_000,) * 4)
     b_quarters = {
         "tokens_per_s": [160 / 0.24, 180 / 0.24, 200 / 0.24, 220 / 0.24],
         "idle_fraction": [1 - 0.19 / 0.24] * 4,
@@ -257,8 +204,8 @@ def test_a_recording_ending_in_excluded_steps_keeps_its_quiet_tail(tmp_path: Pat
     75e6 / (1.38 x 1e9) = 0.05435 against 1 GB/s."""
     a, b = tmp_path / "a.rltrec", tmp_path / "b.rltrec"
     flat = {"tokens": (4,) * 4, "busy_ms": (6,) * 4, "nbytes": (1_000_000,) * 4}
-    _hand_recording(a, **flat, excluded_from=75, quiet_ms=480)
-    _hand_recording(b, **flat, quiet_ms=480)
+    hand_recording(a, **flat, excluded_from=75, quiet_ms=480)
+    hand_recording(b, **flat, quiet_ms=480)
     want = {"tokens_per_s": 300 / 1.38, "idle_fraction": 1 - 0.45 / 1.38, "mbu": 75e6 / 1.38e9}
     summ = json.loads(run_rltperf("summary", str(a), "--json", "--peak-gbps", str(PEAK)).stdout)
     assert summ["baseline_s"] == pytest.approx(1.38)

@@ -153,6 +153,37 @@ def test_only_a_significant_difference_in_the_worse_direction_fails() -> None:
         assert g["exit_status"] == (3 if g["failed"] else 0)
 
 
+def test_a_ratio_figure_that_flips_sign_across_rounds_is_not_established(tmp_path: Path) -> None:
+    """Rounds by hand (tests/rltperf_tui/hand_recording.py, 80 steps owning 12 ms each):
+    A1 and A2 make 4 tokens a step (333.3 tok/s); B1 13 (1083.3), B2 3 (250).  Pooled, B
+    is 8 a step against 4: +100 %, past Holm (blocks of 10 steps) with no drift inside any
+    recording, but round 2 says the opposite of round 1.  compare called tokens/s
+    significant (the rounds' sign check looked at percentiles only) and the gate failed
+    on it, exit 3; the sign check now covers every figure, by its one definition."""
+    from tests.rltperf_tui.hand_recording import hand_recording
+
+    files = []
+    # the busy times only make each file its own (a copy is refused as a second round)
+    for name, tok, busy in (("a1", 4, 6), ("b1", 13, 6), ("a2", 4, 5), ("b2", 3, 5)):
+        files.append(str(tmp_path / f"{name}.rltrec"))
+        hand_recording(Path(files[-1]), tokens=(tok,) * 4, busy_ms=(busy,) * 4, nbytes=(1_000_000,) * 4)
+    p = run_rltperf("compare", *files, "--fail-on", "tokens_per_s:+3%", "--block-s", "0.115", "--json")
+    res = json.loads(p.stdout)
+    m = next(m for m in res["metrics"] if m["key"] == "tokens_per_s")
+    assert m["a"] == pytest.approx(4 / 0.012, rel=1e-5) and m["b"] == pytest.approx(8 / 0.012, rel=1e-5)
+    assert m["p_holm"] < 0.05 and m["rel_diff"] > 0.03  # past Holm and the rule's effect
+    rounds = next(r for r in res["drift"]["rounds"]["metrics"] if r["key"] == "tokens_per_s")
+    assert rounds["a"] == pytest.approx([4 / 0.012] * 2)
+    assert rounds["b"] == pytest.approx([13 / 0.012, 3 / 0.012])
+    assert rounds["consistent_sign"] is False
+    assert m["failed"] == [V.FAIL_ROUNDS] and m["verdict"] == "not established (drift between rounds)"
+    assert p.returncode == 0, p.stderr
+    (tok,) = res["gate"]["results"]
+    assert (
+        tok["status"] == "not established" and "(not established (drift between rounds))" in tok["sentence"]
+    )
+
+
 # --------------------------------------------------------------------------- the reference engine
 
 
