@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from engine_adapters.definitions import figures as F
 from rltperf_tui.analysis import verdicts as V
 
 EXIT_REGRESSION = 3
@@ -28,13 +29,14 @@ EXIT_REGRESSION = 3
 EXIT_BAD_RULE = 4
 """``rltperf compare``'s exit status when a ``--fail-on`` rule cannot be used."""
 
+FRACTIONS = ("idle_fraction", "mbu")
+"""Figures that are fractions from 0 to 1 (a plain N above 1 is a mistake)."""
 _DIST_NAMES = {"step_ms": "step", "gap_ms": "gap", "ttft_ms": "ttft", "tpot_ms": "tpot"}
 _PCTS = (50, 95, 99)
-RATIO_KEYS = ("tokens_per_s", "idle_fraction", "mbu")
 FIGURES: dict[str, str] = {
     **{f"{k}.p{q}": f"{k}.p{q}" for k in _DIST_NAMES for q in _PCTS},
     **{f"{short}_p{q}_ms": f"{k}.p{q}" for k, short in _DIST_NAMES.items() for q in _PCTS},
-    **{k: k for k in RATIO_KEYS},
+    **{k: k for k in F.RATIO_FIGURES},  # a ratio figure added there can be gated at once
     "idle": "idle_fraction",
 }
 """Every figure name a rule may use → compare's metric key (``compare --json``'s
@@ -91,7 +93,7 @@ def parse_fail_on(text: str) -> FailOn:
         )
     size = float(num) / 100.0 if percent else float(num)
     key = FIGURES[fig]
-    if key in ("idle_fraction", "mbu") and not percent and size > 1.0:
+    if key in FRACTIONS and not percent and size > 1.0:
         raise RuleError(
             f"--fail-on {text!r}: {key} is a fraction from 0 to 1 (or write {num}% for {num}% of A)"
         )
