@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from engine_adapters.definitions import figures as F
+from engine_adapters.definitions import roofline
 from engine_adapters.definitions.figures import pct
 from engine_adapters.definitions.records import (
     FLAG_EXPORTING,
@@ -25,7 +26,6 @@ from engine_adapters.definitions.records import (
     RequestRecord,
     StepRecord,
 )
-from rltperf_tui import roofline
 from rltperf_tui.step_rings import (
     MAX_DEPTH,
     MAX_STAGES,
@@ -203,7 +203,7 @@ class StepWindows:
         known = ~np.isnan(busy) & keep
         in_step_idle = None
         if known.any() and dur[known].sum() > 0:
-            in_step_idle = float(1.0 - min(1.0, busy[known].sum() / dur[known].sum()))
+            in_step_idle = F.idle_fraction(float(busy[known].sum()), float(dur[known].sum()))
         rf = roofline.window_roofline(
             total_bytes=fig.nbytes,
             total_flops=fig.flops,

@@ -164,6 +164,8 @@ class Fixtures:
         port = int(self.engine_target.rsplit(":", 1)[1])
         m["8000-8100"] = f"{port - 2}-{port + 2}"  # --auto: a range holding the engine's probe
         m.update({name: str(p) for name, p in self.recordings.items()})
+        # the rounds by their file names too (the README's CI recipe: A1.rltrec ...)
+        m.update({f"{name}.rltrec": str(p) for name, p in self.recordings.items() if "." not in name})
         m["snapshots/<bundle>"] = str(self.bundles["bundleA"])
         m.update({name: str(p) for name, p in self.bundles.items()})
         m["BUNDLE"] = str(self.bundles["bundleA"])

@@ -29,6 +29,13 @@ percentiles and goodput.
   both SLOs / T; where T is the window's wall time less the excluded time, and a step
   that straddles ``w0`` or ``w1`` counts by the part of it inside the window.
 
+Each ratio is one function (``idle_fraction``, ``per_second``, ``mbu``) that takes
+scalars (one window) or numpy arrays (many windows at once: ``compare``'s quarters of
+a recording, its bootstrap resamples), and ``RATIO_FIGURES`` names them by the key
+``summary --json`` and ``compare`` use, so that a figure ``compare`` resamples is the
+figure the window shows.  A new ratio (energy per token: Σ joules / Σ output tokens)
+is one more sum on ``RatioSums`` and one more entry there.
+
 Latency figures (step time, gap, TTFT, TPOT) are percentiles of the pooled samples in
 the window, by linear interpolation (``pct``, ``percentile``): never means of per-run
 percentiles.  The monitor's windows, ``summary``, ``report`` and ``compare`` all call
@@ -37,7 +44,9 @@ these two.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -51,6 +60,77 @@ PERCENTILES = (50, 95, 99)
 
 QUIET_AFTER_S = 2.0
 """A target whose data time has run this long past its newest step is "quiet" (no steps)."""
+
+Num = TypeVar("Num", float, np.ndarray)
+"""A figure's input and output: a float (one window) or an array (one value per window)."""
+
+
+def _float_if_scalar(x: Any) -> Any:
+    # one window's figure comes back a Python float, so it prints and serialises as before
+    return x if np.ndim(x) else float(x)
+
+
+def quotient(num: Any, den: Any) -> Any:
+    """``num / den`` on scalars or arrays alike: a zero denominator gives inf or NaN, never
+    an exception (callers that show one window say None instead); a scalar result is a
+    float."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _float_if_scalar(np.divide(num, den))
+
+
+def per_second(count: Num, seconds: Num) -> Num:
+    """``count`` / T: tokens/s, steps/s, goodput (requests meeting both SLOs per second).
+    Scalars or arrays."""
+    return quotient(count, seconds)
+
+
+def idle_fraction(busy_s: Num, seconds: Num) -> Num:
+    """1 − Σ busy / T, the busy share clipped to [0, 1] (busy time measured a little
+    past the window's edge never reads as negative idle).  Scalars or arrays."""
+    busy = np.minimum(1.0, np.maximum(0.0, quotient(busy_s, seconds)))
+    return _float_if_scalar(1.0 - busy)
+
+
+def mbu(nbytes: Num, seconds: Num, peak_bw_gbps: float) -> Num:
+    """Model bandwidth utilisation, Σ bytes / (T × peak bandwidth): achieved bytes/s over
+    the peak's (GB/s, 10^9 B/s).  Never clipped: above 1 means the byte count or the peak
+    is wrong, and the screen says so.  Scalars or arrays."""
+    return quotient(nbytes, np.multiply(seconds, peak_bw_gbps) * 1e9)
+
+
+@dataclass(frozen=True)
+class RatioSums:
+    """What the window's ratio figures are made of: their sums and T.  Floats for one
+    window, or equal-length arrays for many at once (a recording's quarters, bootstrap
+    resamples of time blocks)."""
+
+    seconds: Any
+    """T: wall time less excluded time, seconds."""
+    tokens: Any
+    """Σ output tokens."""
+    busy_s: Any
+    """Σ device busy time, seconds."""
+    nbytes: Any
+    """Σ bytes read + written."""
+
+
+RATIO_FIGURES: dict[str, Callable[[RatioSums, float | None], Any]] = {
+    "tokens_per_s": lambda s, _peak: per_second(s.tokens, s.seconds),
+    "idle_fraction": lambda s, _peak: idle_fraction(s.busy_s, s.seconds),
+    "mbu": lambda s, peak: mbu(s.nbytes, s.seconds, peak) if peak else None,
+}
+"""The window's ratio figures by their ``summary --json`` / ``compare`` key: each a
+function of the sums (and the peak bandwidth, for MBU: None without one)."""
+
+
+def ratio_figure(key: str, sums: RatioSums, peak_bw_gbps: float | None = None) -> Any:
+    """The ratio figure ``key`` (``RATIO_FIGURES``) of ``sums``: a float, or an array when
+    the sums are arrays."""
+    try:
+        f = RATIO_FIGURES[key]
+    except KeyError:
+        raise ValueError(f"{key!r} is not a ratio figure (one of {', '.join(RATIO_FIGURES)})") from None
+    return f(sums, peak_bw_gbps)
 
 
 @dataclass(frozen=True)
@@ -86,27 +166,27 @@ class WindowFigures:
         """1 − Σ busy / T."""
         if self.busy_s is None or self.seconds <= 0:
             return None
-        return 1.0 - min(1.0, max(0.0, self.busy_s / self.seconds))
+        return idle_fraction(self.busy_s, self.seconds)
 
     @property
     def tokens_per_s(self) -> float | None:
         """Σ output tokens / T."""
-        return self.tokens / self.seconds if self.seconds > 0 else None
+        return per_second(self.tokens, self.seconds) if self.seconds > 0 else None
 
     @property
     def steps_per_s(self) -> float | None:
         """Baseline steps / T."""
-        return self.steps / self.seconds if self.seconds > 0 else None
+        return per_second(self.steps, self.seconds) if self.seconds > 0 else None
 
     def mbu(self, peak_bw_gbps: float | None) -> float | None:
         """Σ bytes / (T × peak bandwidth); None without bytes or a peak."""
         if self.nbytes is None or not peak_bw_gbps or self.seconds <= 0:
             return None
-        return self.nbytes / (self.seconds * peak_bw_gbps * 1e9)
+        return mbu(self.nbytes, self.seconds, peak_bw_gbps)
 
     def per_second(self, count: float) -> float | None:
         """``count`` / T (goodput: requests meeting both SLOs)."""
-        return count / self.seconds if self.seconds > 0 else None
+        return per_second(count, self.seconds) if self.seconds > 0 else None
 
 
 def pct(values: np.ndarray) -> dict[str, float | None]:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from engine_adapters.definitions import figures as F
+from rltperf_tui.analysis import gate as G
 from rltperf_tui.analysis import stats as S
 from rltperf_tui.analysis.compare_bundles import compare_bundles
 from rltperf_tui.analysis.compare_inputs import (
@@ -77,8 +78,12 @@ def compare_recordings(
     peak_gbps: float | None = None,
     seed: int = 0,
     block_s: float = S.DEFAULT_BLOCK_S,
+    fail_on: list[G.FailOn] | None = None,
 ) -> dict[str, Any]:
-    """Compare A and B recordings (several of each: interleaved rounds, paired in order)."""
+    """Compare A and B recordings (several of each: interleaved rounds, paired in order).
+
+    ``fail_on``: the regression gate's rules (``analysis.gate``); each sets its figure's
+    smallest effect of interest, and the result then has a ``gate``."""
     check_distinct([p for pair in zip(a_paths, b_paths, strict=False) for p in pair])
     rng = np.random.default_rng(seed)
     A = load_side("A", a_paths, peak_gbps, block_s)
@@ -101,13 +106,18 @@ def compare_recordings(
         min_effect=min_effect,
         abs_floor={"ms": 0.01 * a_step_p50, "fraction": 0.01},
         floor_basis={"ms": "1% of A's median step time", "fraction": "the absolute floor"},
+        effects=G.effects(fail_on) if fail_on else None,
     )
 
     # drift: within each recording (quarters), then between rounds (in this order)
-    drift = {"segments": _segment_drift(A, B, diffs, peak_mbu), "rounds": _round_drift(A, B, diffs, warnings)}
+    drift = {
+        "segments": _segment_drift(A, B, diffs, peak_mbu),
+        "rounds": _round_drift(A, B, diffs, warnings, peak_mbu),
+    }
     metrics = [d.as_dict() for d in diffs]
     summary = _summary(metrics)
     stage_rows = _stage_rows(A, B)
+    gate = {"gate": G.judge(metrics, fail_on)} if fail_on else {}
     return {
         "kind": "recordings",
         "a": _side_json(A),
@@ -135,6 +145,7 @@ def compare_recordings(
             "a": _sum_hist([p["exit_hist"] for p in A.parts]),
             "b": _sum_hist([p["exit_hist"] for p in B.parts]),
         },
+        **gate,
         "_series": (A, B),
     }
 
@@ -257,10 +268,12 @@ def _segment_drift(A: RecSeries, B: RecSeries, diffs: list[S.Diff], peak: float 
 
 
 def _round_drift(
-    A: RecSeries, B: RecSeries, diffs: list[S.Diff], warnings: list[str]
+    A: RecSeries, B: RecSeries, diffs: list[S.Diff], warnings: list[str], peak: float | None = None
 ) -> dict[str, Any] | None:
     """Drift between interleaved rounds: a significant difference must keep its sign in
-    every round (else it fails ``S.FAIL_ROUNDS``); None with fewer than two rounds."""
+    every round (else it fails ``S.FAIL_ROUNDS``), the percentiles and the ratio figures
+    alike (each round's ratio by the window's definition); None with fewer than two
+    rounds."""
     n_rounds = min(len(A.parts), len(B.parts))
     if n_rounds >= 2:
         rounds = []
@@ -270,11 +283,15 @@ def _round_drift(
         for d in diffs:
             key = d.extra["key"]
             base, _, qs = key.partition(".")
-            if base not in dict(_DIST):
+            if base in dict(_DIST):
+                qq = float(qs[1:])
+                va = [_metric_values(A.parts[i], base, qq) for i in order]
+                vb = [_metric_values(B.parts[i], base, qq) for i in order]
+            elif key in F.RATIO_FIGURES and d.p is not None:
+                va = [_part_ratio(A.parts[i], key, peak) for i in order]
+                vb = [_part_ratio(B.parts[i], key, peak) for i in order]
+            else:
                 continue
-            qq = float(qs[1:])
-            va = [_metric_values(A.parts[i], base, qq) for i in order]
-            vb = [_metric_values(B.parts[i], base, qq) for i in order]
             if any(v is None for v in va + vb):
                 continue
             dd = [float(y or 0.0) - float(x or 0.0) for x, y in zip(va, vb, strict=True)]
@@ -337,23 +354,35 @@ def _segment_values(part: dict[str, Any], key: str, peak: float | None) -> list[
         return S.segment_values(part[base], float(qs[1:]))
     raw = part["raw"]
     n = raw["start"].size
-    if n < 40:
+    if n < 40 or key not in F.RATIO_FIGURES or (key == "mbu" and not peak):
         return None
-    out = []
-    for idx in np.array_split(np.arange(n), 4):
-        span = float(raw["owned_ns"][idx].sum()) / 1e9  # the same time as the whole's (figures)
-        if span <= 0:
-            return None
-        if key == "tokens_per_s":
-            out.append(float(raw["tokens"][idx].sum() / span))
-        elif key == "idle_fraction":
-            b = raw["busy"][idx]
-            out.append(float(1 - min(1.0, np.nansum(b) / 1e9 / span)))
-        elif key == "mbu" and peak:
-            out.append(float(np.nansum(raw["bytes"][idx]) / (span * peak * 1e9)))
-        else:
-            return None
-    return out
+    # each quarter a window of its own: the window's formula on the four at once
+    sums = _ratio_sums(raw, np.array_split(np.arange(n), 4))
+    if (sums.seconds <= 0).any():
+        return None
+    return [float(v) for v in F.ratio_figure(key, sums, peak)]
+
+
+def _ratio_sums(raw: dict[str, np.ndarray], groups: list[np.ndarray]) -> F.RatioSums:
+    """The ratio figures' sums over each group of a recording's steps; time is the
+    steps' owned time, as the whole recording's (figures)."""
+    return F.RatioSums(
+        seconds=np.array([float(raw["owned_ns"][g].sum()) / 1e9 for g in groups]),
+        tokens=np.array([raw["tokens"][g].sum() for g in groups]),
+        busy_s=np.array([np.nansum(raw["busy"][g]) / 1e9 for g in groups]),
+        nbytes=np.array([np.nansum(raw["bytes"][g]) for g in groups]),
+    )
+
+
+def _part_ratio(part: dict[str, Any], key: str, peak: float | None) -> float | None:
+    """A ratio figure over one whole recording (one round), by the window's definition."""
+    n = part["raw"]["start"].size
+    if not n or (key == "mbu" and not peak):
+        return None
+    sums = _ratio_sums(part["raw"], [np.arange(n)])
+    if sums.seconds[0] <= 0:
+        return None
+    return float(F.ratio_figure(key, sums, peak)[0])
 
 
 def _sum_hist(hs: list[list[int]]) -> list[int]:

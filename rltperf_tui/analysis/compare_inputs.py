@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from engine_adapters.definitions import figures as F
+from engine_adapters.definitions import roofline as RL
 from engine_adapters.definitions.records import (
     Ceiling,
     EngineInfo,
@@ -166,10 +167,10 @@ def _series_part(
     nbytes = St.last("bytes")[keep]
     flops = St.last("flops")[keep]
     dur_s = (end - start)[keep] / 1e9
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore"):
         rl_ok = np.isfinite(nbytes) & np.isfinite(flops) & (nbytes > 0) & (dur_s > 0)
-        intensity = flops[rl_ok] / nbytes[rl_ok]
-        gflops = flops[rl_ok] / dur_s[rl_ok] / 1e9
+    intensity = RL.arithmetic_intensity(flops[rl_ok], nbytes[rl_ok])
+    gflops = RL.achieved_gflops(flops[rl_ok], dur_s[rl_ok])
     part = {
         "path": path,
         "step_ms": step_ms,
@@ -229,14 +230,17 @@ def _time_blocks(
 
     Time is the recording's wall time, tiled by the steps (each owns the time since the
     previous step's end; engine_adapters.definitions.figures): excluded steps take theirs
-    out, and the quiet tail after the last step belongs to the last block."""
+    out, and the quiet tail after the last step belongs to the last block, whether or not
+    that step was excluded."""
     St = stats.steps
     k = int(keep.sum())
     w0, w1 = stats.window_bounds(None)
     owned = (end - F.owned_from(start, end, w0)).astype(np.float64)
-    if end.size:
-        owned[-1] += max(0, w1 - int(end[-1]))
     owned_k = owned[keep]
+    if owned_k.size:
+        # the quiet tail is no step's own time: baseline (idle) time even when the last
+        # step was excluded (a recording ending on a capture's export), as in the window
+        owned_k[-1] += max(0, w1 - int(end[-1]))
     span_s = float(owned_k.sum()) / 1e9
     blk = max(S.block_length(k), math.ceil(block_s * k / span_s)) if span_s > 0 else S.block_length(k)
     blk = min(blk, max(1, k // 3))

@@ -7,6 +7,7 @@ import textwrap
 from typing import Any
 
 from rltperf_tui.analysis import stats as S
+from rltperf_tui.analysis.gate import gate_lines
 from rltperf_tui.elide import elide
 
 _f = S.fmt
@@ -50,6 +51,9 @@ def render_text(res: dict[str, Any]) -> str:
         L.append(f"wrote {p}")
     for s in res.get("png_skipped", []):
         L.append(f"not drawn: {s}")
+    if "gate" in res:  # last, where a CI log ends
+        L.append("")
+        L += gate_lines(res["gate"])
     return "\n".join(L)
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from engine_adapters.definitions import roofline as RL
+
 COLORS = [
     "#4C72B0",
     "#DD8452",
@@ -119,37 +121,35 @@ def roofline(
         hi = max(xs) * 10
     else:
         lo, hi = 0.01, 100.0
-    if peak_bw_gbps and peak_gflops:
-        lo = min(lo, peak_gflops / peak_bw_gbps / 10)
-        hi = max(hi, peak_gflops / peak_bw_gbps * 10)
+    balance = RL.machine_balance(peak_gflops, peak_bw_gbps) if peak_bw_gbps and peak_gflops else None
+    if balance is not None:
+        lo = min(lo, balance / 10)
+        hi = max(hi, balance * 10)
     grid = np.logspace(np.log10(lo), np.log10(hi), 200)
     src = f" ({ceiling_source})" if ceiling_source else ""
     if peak_bw_gbps:
-        roof = peak_bw_gbps * grid
-        if peak_gflops:
-            roof = np.minimum(roof, peak_gflops)
         ax.plot(
             grid,
-            roof,
+            RL.attainable_gflops(grid, peak_bw_gbps, peak_gflops),
             color="black",
             linewidth=1.5,
             label=f"ceiling: {peak_bw_gbps:.1f} GB/s"
             + (f", {peak_gflops:.0f} GFLOP/s" if peak_gflops else "")
             + src,
         )
-        if peak_gflops:
+        if balance is not None:
             ax.axvline(
-                peak_gflops / peak_bw_gbps,
+                balance,
                 color="grey",
                 linestyle=":",
                 linewidth=1,
-                label=f"machine balance {peak_gflops / peak_bw_gbps:.1f} FLOP/B",
+                label=f"machine balance {balance:.1f} FLOP/B",
             )
         # A point above the roof means the ceiling or the analytic counts are wrong: say so.
         above = sum(
             1
             for x, y in zip(xs, ys, strict=True)
-            if y > 1.02 * min(peak_bw_gbps * x, peak_gflops or float("inf"))
+            if y > 1.02 * RL.attainable_gflops(x, peak_bw_gbps, peak_gflops)
         )
         if above:
             ax.text(  # lower right: high intensity at low speed, where points rarely are

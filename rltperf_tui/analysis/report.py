@@ -17,8 +17,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine_adapters.definitions import roofline as RL
 from engine_adapters.definitions.bundle import missing_meta_fields, read_meta
-from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
+from engine_adapters.definitions.figures import EXCLUDED_FLAGS
 from rltperf_tui.analysis import traces as T
 from rltperf_tui.analysis.report_steps import (
     Operators,
@@ -308,12 +309,12 @@ def roofline_points(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not b or not fl or dt <= 0:
             continue
         # steps under the profiler, its export or the engine's warm-up are not baseline points
-        profiled = bool(r.get("flags", 0) & (FLAG_PROFILED | FLAG_EXPORTING | FLAG_WARMUP))
+        profiled = bool(r.get("flags", 0) & EXCLUDED_FLAGS)
         pts.append(
             {
-                "intensity": fl / b,
-                "gflops": fl / dt / 1e9,
-                "gbps": b / dt / 1e9,
+                "intensity": RL.arithmetic_intensity(fl, b),
+                "gflops": RL.achieved_gflops(fl, dt),
+                "gbps": RL.achieved_gbps(b, dt),
                 "profiled": profiled,
                 "window": r.get("window"),
             }

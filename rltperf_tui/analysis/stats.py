@@ -314,19 +314,24 @@ def block_sums(
 def ratio_metric(
     bs: BlockSums, which: str, peak_bw_gbps: float | None = None
 ) -> Callable[[np.ndarray], np.ndarray]:
-    """A function of block indices (resamples x blocks) → the ratio metric per resample."""
+    """A function of block indices (resamples x blocks) → the ratio metric ``which`` (a
+    key of ``figures.RATIO_FIGURES``) per resample."""
+
+    if which not in F.RATIO_FIGURES:
+        raise ValueError(which)
+    if which == "mbu":
+        assert peak_bw_gbps
 
     def f(idx: np.ndarray) -> np.ndarray:
-        span = bs.span_s[idx].sum(axis=1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            if which == "tokens_per_s":
-                return bs.tokens[idx].sum(axis=1) / span
-            if which == "idle_fraction":
-                return 1.0 - np.minimum(1.0, bs.busy_s[idx].sum(axis=1) / span)
-            if which == "mbu":
-                assert peak_bw_gbps
-                return bs.nbytes[idx].sum(axis=1) / (span * peak_bw_gbps * 1e9)
-        raise ValueError(which)
+        # each resample (row) is a window of its own: the sums of its blocks, then the
+        # window's own formula on all rows at once
+        sums = F.RatioSums(
+            seconds=bs.span_s[idx].sum(axis=1),
+            tokens=bs.tokens[idx].sum(axis=1),
+            busy_s=bs.busy_s[idx].sum(axis=1),
+            nbytes=bs.nbytes[idx].sum(axis=1),
+        )
+        return np.asarray(F.ratio_figure(which, sums, peak_bw_gbps))
 
     return f
 

@@ -209,17 +209,31 @@ def holm(pvalues: list[float]) -> list[float]:
     return adj
 
 
+@dataclass(frozen=True)
+class Effect:
+    """One metric's own smallest effect of interest, in place of ``decide``'s
+    ``min_effect`` (``compare --fail-on``); the unit's floor still applies."""
+
+    size: float
+    """A fraction of A (``relative``), or a difference in the metric's unit."""
+    relative: bool
+    basis: str
+    """What it is, in words (the reasons print it)."""
+
+
 def decide(
     diffs: list[Diff],
     alpha: float = DEFAULT_ALPHA,
     min_effect: float = DEFAULT_MIN_EFFECT,
     abs_floor: dict[str, float] | None = None,
     floor_basis: dict[str, str] | None = None,
+    effects: dict[str, Effect] | None = None,
 ) -> None:
     """Holm-correct the p-values of the tested diffs and set verdict/significant/reason.
 
     ``abs_floor`` maps a unit (e.g. ``"ms"``) to the smallest absolute difference of
-    interest in that unit, ``floor_basis`` to what that floor is, in words.  A tested
+    interest in that unit, ``floor_basis`` to what that floor is, in words; ``effects``
+    maps a metric's key (``Diff.extra["key"]``) to its own smallest effect.  A tested
     difference that fails a condition records which (``Diff.failed``), so its reason
     names it.
     """
@@ -230,9 +244,15 @@ def decide(
         d.alpha = alpha
         d.n_tested = len(tested)
         floor = (abs_floor or {}).get(d.unit, 0.0)
-        rel_need = min_effect * abs(d.a) if d.a else 0.0
+        own = (effects or {}).get(d.extra.get("key", ""))
+        if own is not None:
+            rel_need = (own.size * abs(d.a) if d.a else 0.0) if own.relative else own.size
+            basis = own.basis
+        else:
+            rel_need = min_effect * abs(d.a) if d.a else 0.0
+            basis = f"{min_effect * 100:g}% of A"
         if rel_need >= floor:
-            d.need, d.need_basis = rel_need, f"{min_effect * 100:g}% of A"
+            d.need, d.need_basis = rel_need, basis
         else:
             d.need = floor
             d.need_basis = (floor_basis or {}).get(d.unit, f"at least {floor:.4g} {d.unit}")

@@ -33,7 +33,22 @@ so.  One comparison is one claim: three or more configurations (base, +X, +Y) ar
 refused, because gains of isolated features never add up to the combined mode's gain.
 A damaged recording is read around the damage and compared on what was read; what
 was skipped, with byte offsets, goes to stderr.
-Exit status: 0 done, 1 an input cannot be read, 2 the inputs cannot be compared."""
+
+A regression gate for CI (recordings): --fail-on FIGURE:+N% fails when FIGURE is
+significantly higher in B by N% of A or more, FIGURE:-N% when it is significantly
+lower (a plain N: in the figure's unit).  FIGURE is a metric key of --json
+(step_ms.p99, gap_ms.p50, ttft_ms.p95, tpot_ms.p50, tokens_per_s, idle_fraction, mbu)
+or its trigger spelling (step_p99_ms, idle).  N becomes that figure's smallest effect
+of interest; only a difference compare calls significant (Holm, that effect, no drift)
+in the worse direction fails, and one sentence says which figure, by how much, with
+its interval.  Anything not established passes, and the output says so.
+Exit status: 0 done (the gate, if any, passed), 1 an input cannot be read, 2 the
+inputs cannot be compared, 3 a --fail-on figure significantly regressed, 4 a --fail-on
+rule cannot be used."""
+
+EPILOG = """\
+examples:
+  rltperf compare A1 B1 A2 B2 --fail-on 'step_p99_ms:+5%' --fail-on 'tokens_per_s:-3%'"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,6 +79,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-gbps", type=float, default=None, help="peak memory bandwidth for MBU (both sides)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default 0)")
     p.add_argument("--top", type=int, default=20, help="bundles: operators listed (default 20)")
+    p.add_argument(
+        "--fail-on",
+        action="append",
+        default=[],
+        metavar="FIGURE:±N[%]",
+        help="recordings: exit 3 when FIGURE significantly regressed by N (%% of A) in the worse "
+        "direction (+ higher is worse, - lower is worse); repeatable, e.g. 'tokens_per_s:-3%%'",
+    )
 
 
 def _kind(path: str) -> str:
@@ -244,8 +267,14 @@ def run(args: argparse.Namespace) -> int:
         public,
         render_text,
     )
+    from rltperf_tui.analysis.gate import EXIT_BAD_RULE, RuleError, parse_rules
     from rltperf_tui.analysis.plots import PlotUnavailable
 
+    try:  # a bad rule is told before anything is read: CI fails fast and says why
+        fail_on = parse_rules(args.fail_on)
+    except RuleError as exc:
+        print(f"rltperf compare: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_RULE
     paths = list(args.inputs)
     kinds = [_kind(p) for p in paths]
     for p, k in zip(paths, kinds, strict=True):
@@ -270,6 +299,13 @@ def run(args: argparse.Namespace) -> int:
             rc = check_recording(p, "compare")
             if rc is not None:
                 return rc
+    if fail_on and kinds[0] == "bundle":
+        print(
+            "rltperf compare: error: --fail-on judges recordings (unprofiled baselines); bundles are profiled "
+            "captures that locate where time moved and prove no regression",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_RULE
     try:
         if kinds[0] == "bundle":
             if len(paths) != 2:
@@ -289,6 +325,7 @@ def run(args: argparse.Namespace) -> int:
                 peak_gbps=args.peak_gbps,
                 seed=args.seed,
                 block_s=args.block_s,
+                fail_on=fail_on,
             )
     except CompareError as exc:
         print(f"rltperf compare: error: {exc}", file=sys.stderr)
@@ -307,4 +344,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(public(res), indent=2, default=str))
     else:
         print(render_text(res))
-    return 0
+    gate = res.get("gate")
+    if gate is None:
+        return 0
+    for x in gate["results"]:  # on stderr too: a CI log shows why, whatever stdout went to
+        if x["status"] == "regressed":
+            print(f"rltperf compare: {x['sentence']}", file=sys.stderr)
+    return int(gate["exit_status"])

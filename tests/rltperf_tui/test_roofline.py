@@ -18,8 +18,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine_adapters.definitions import figures as F
+from engine_adapters.definitions import roofline
 from engine_adapters.definitions.records import SCHEMA_VERSION, Ceiling, EngineInfo, Hello, StepRecord
-from rltperf_tui import roofline
 from rltperf_tui.aggregator import TargetStats
 
 LAYER = 4 * 2048 * 2048 + 3 * 2048 * 5632 + 4 * 2048
@@ -97,7 +98,7 @@ def test_window_roofline_unknowns_are_none_not_zero() -> None:
 
 def test_mbu_over_one_is_reported_as_is() -> None:
     # a wrong byte count gives MBU > 1: the function must not clip it (the UI flags it)
-    assert roofline.mbu(3e9, 0.5, 4.0) == pytest.approx(1.5)
+    assert F.mbu(3e9, 0.5, 4.0) == pytest.approx(1.5)
 
 
 def test_step_roofline_by_hand() -> None:

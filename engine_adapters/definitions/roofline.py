@@ -4,6 +4,10 @@ Units: bytes, FLOPs, seconds; bandwidth in GB/s (10^9 B/s) and compute in GFLOP/
 (10^9 FLOP/s).  Peak bandwidth follows the STREAM convention (a copy of S bytes moves
 2·S), and a step's bytes are what it reads plus what it writes, so MBU of a kernel that
 streams its weights once is at most about 1.
+
+Each formula is written once and takes scalars (a window) or numpy arrays (one value
+per step); MBU is the window's (``figures.mbu``).  The monitor's window, ``report``'s
+roofline points, ``compare``'s roofline series and the charts all call these.
 """
 
 from __future__ import annotations
@@ -13,30 +17,42 @@ from typing import Any
 
 import numpy as np
 
+from engine_adapters.definitions.figures import Num, mbu, quotient
+
 HOST_BOUND_IDLE = 0.5
 """Device idle *inside the steps* above which a step (or a window's steps) is called
 host-bound whatever its intensity.  The gaps between steps never count here: they
 follow the load, not the step, and are shown as idle beside the verdict."""
 
 
-def achieved_gbps(total_bytes: float, seconds: float) -> float:
-    """Achieved bandwidth, GB/s."""
-    return total_bytes / seconds / 1e9
+def achieved_gbps(total_bytes: Num, seconds: Num) -> Num:
+    """Achieved bandwidth, GB/s: bytes / seconds / 10^9."""
+    return quotient(quotient(total_bytes, seconds), 1e9)
 
 
-def mbu(total_bytes: float, seconds: float, peak_bw_gbps: float) -> float:
-    """Model bandwidth utilisation: achieved bytes/s over peak bytes/s."""
-    return total_bytes / (seconds * peak_bw_gbps * 1e9)
+def achieved_gflops(total_flops: Num, seconds: Num) -> Num:
+    """Achieved compute, GFLOP/s: FLOPs / seconds / 10^9."""
+    return quotient(quotient(total_flops, seconds), 1e9)
 
 
-def arithmetic_intensity(flops: float, nbytes: float) -> float:
+def arithmetic_intensity(flops: Num, nbytes: Num) -> Num:
     """FLOPs per byte moved."""
-    return flops / nbytes
+    return quotient(flops, nbytes)
 
 
 def machine_balance(peak_gflops: float, peak_bw_gbps: float) -> float:
     """Peak FLOP/s over peak bytes/s (FLOP per byte); below it a kernel is memory-bound."""
-    return peak_gflops / peak_bw_gbps
+    return float(quotient(peak_gflops, peak_bw_gbps))
+
+
+def attainable_gflops(intensity: Num, peak_bw_gbps: float, peak_gflops: float | None) -> Num:
+    """The roof at arithmetic ``intensity``: min(peak bandwidth × intensity, peak FLOP/s),
+    GFLOP/s (the bandwidth slope alone without a FLOP/s peak)."""
+    roof: Any = np.multiply(peak_bw_gbps, intensity)
+    if peak_gflops:
+        roof = np.minimum(roof, peak_gflops)
+    out: Any = roof if np.ndim(roof) else float(roof)  # one point: a float
+    return out
 
 
 def ceiling_time_s(nbytes: Any, flops: Any, peak_bw_gbps: float, peak_gflops: float | None) -> Any:
@@ -63,9 +79,9 @@ def verdict(intensity: float | None, balance: float | None, in_step_idle: float 
     return "memory-bound" if intensity < balance else "compute-bound"
 
 
-def mfu(total_flops: float, seconds: float, peak_gflops: float) -> float:
+def mfu(total_flops: Num, seconds: Num, peak_gflops: float) -> Num:
     """Model FLOP/s utilisation: achieved FLOP/s over peak FLOP/s."""
-    return total_flops / (seconds * peak_gflops * 1e9)
+    return quotient(total_flops, np.multiply(seconds, peak_gflops) * 1e9)
 
 
 def looped_step_bytes(
@@ -119,7 +135,7 @@ def window_roofline(
     uses ``in_step_idle`` (device idle inside the window's steps, not between them)."""
     ok = seconds > 0
     gbps = achieved_gbps(total_bytes, seconds) if ok and total_bytes is not None else None
-    gfl = total_flops / seconds / 1e9 if ok and total_flops is not None else None
+    gfl = achieved_gflops(total_flops, seconds) if ok and total_flops is not None else None
     m = mbu(total_bytes, seconds, peak_bw_gbps) if ok and total_bytes is not None and peak_bw_gbps else None
     mf = mfu(total_flops, seconds, peak_gflops) if ok and total_flops is not None and peak_gflops else None
     ai = arithmetic_intensity(total_flops, total_bytes) if total_flops is not None and total_bytes else None
@@ -167,9 +183,9 @@ def step_roofline(
     busy = np.full_like(s, np.nan) if busy_s is None else np.asarray(busy_s, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         s_ok = np.where(s > 0, s, np.nan)
-        gbps = b / s_ok / 1e9
-        m = b / (s_ok * peak_bw_gbps * 1e9) if peak_bw_gbps else np.full_like(s, np.nan)
-        ai = np.where(b > 0, f / b, np.nan)
+        gbps = achieved_gbps(b, s_ok)
+        m = mbu(b, s_ok, peak_bw_gbps) if peak_bw_gbps else np.full_like(s, np.nan)
+        ai = np.where(b > 0, arithmetic_intensity(f, b), np.nan)
         if peak_bw_gbps:
             ceil = np.asarray(ceiling_time_s(b, np.where(np.isnan(f), 0.0, f), peak_bw_gbps, peak_gflops))
         else:
