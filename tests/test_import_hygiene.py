@@ -31,7 +31,7 @@ def test_engine_adapters_never_imports_textual():
 
 def test_monitor_never_imports_torch_or_vllm():
     mods = _modules_after(
-        "import rltperf_tui, rltperf_tui.cli, rltperf_tui.aggregator, rltperf_tui.analysis.summary\n"
+        "import rltperf_tui, rltperf_tui.cli, rltperf_tui.live.aggregator, rltperf_tui.analysis.summary\n"
         "rltperf_tui.cli.build_parser()"
     )
     assert "torch" not in mods and "vllm" not in mods

@@ -33,7 +33,7 @@ _CHILD = r"""
 import json, sys, time
 from engine_adapters.monitor.vllm.adapter import VllmAdapter
 from rltperf_tui import tune_gc_for_ingest
-from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.live.aggregator import TargetStats
 target, hz, warm, dur = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 tune_gc_for_ingest()
 session = VllmAdapter(target, interval=1.0 / hz, reconnect=False).connect()

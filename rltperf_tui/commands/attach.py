@@ -90,7 +90,7 @@ def check_monitor_options(args: argparse.Namespace, prog: str) -> str | None:
     if args.history < 1024:
         return "--history must be at least 1024 steps"
     if getattr(args, "trigger", None):
-        from rltperf_tui.triggers import RuleError, TriggerSet
+        from rltperf_tui.live.triggers import RuleError, TriggerSet
 
         try:
             TriggerSet.parse(args.trigger)
@@ -122,7 +122,7 @@ def monitor_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from rltperf_tui.auto_targets import add_auto_options
+    from rltperf_tui.commands.auto_targets import add_auto_options
     from rltperf_tui.commands.jsonl import add_jsonl_options
 
     p.add_argument(
@@ -162,7 +162,7 @@ def open_targets(targets: list[str], options: dict[str, Any], wait: bool, prog: 
     message on the terminal.  Returns ``TargetSpec``s, or None after printing why."""
     from engine_adapters.monitor.base import AdapterError
     from engine_adapters.monitor.registry import adapter_for
-    from rltperf_tui.app import TargetSpec
+    from rltperf_tui.tui.app import TargetSpec
 
     specs: list[TargetSpec] = []
     failed: list[str] = []
@@ -206,7 +206,7 @@ def open_targets(targets: list[str], options: dict[str, Any], wait: bool, prog: 
 
 def run_monitor(specs: list[Any], args: argparse.Namespace, **extra: Any) -> int:
     """Run the monitor app over ``specs``; returns the exit status."""
-    from rltperf_tui.app import MonitorApp
+    from rltperf_tui.tui.app import MonitorApp
 
     app = MonitorApp(specs, **monitor_kwargs(args), **extra)
     try:
@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         print(f"rltperf attach: error: {bad}", file=sys.stderr)
         return 2
-    from rltperf_tui.auto_targets import resolve_targets
+    from rltperf_tui.commands.auto_targets import resolve_targets
     from rltperf_tui.commands.jsonl import check_jsonl_options, run_jsonl
 
     bad = check_jsonl_options(args)

@@ -1,4 +1,4 @@
-"""``--jsonl``: the options and the run of the screenless monitor (``rltperf_tui.headless``),
+"""``--jsonl``: the options and the run of the screenless monitor (``rltperf_tui.commands.headless``),
 shared by ``rltperf attach`` and ``rltperf record``."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def run_jsonl(found: list[tuple[str, str]], args: argparse.Namespace, prog: str)
     """Open every target and stream JSON lines to stdout; returns the exit status."""
     from rltperf_tui.commands.attach import open_targets
     from rltperf_tui.commands.common import target_options
-    from rltperf_tui.headless import LineWriter, Stream
+    from rltperf_tui.commands.headless import LineWriter, Stream
 
     opts = target_options(args)
     if not args.wait:

@@ -113,7 +113,7 @@ def _resolve_target(args: argparse.Namespace) -> int | None:
         return 2
     if args.auto is None:
         return None
-    from rltperf_tui.auto_targets import discover
+    from rltperf_tui.commands.auto_targets import discover
 
     found = discover([args.auto], args.token, "record")
     if isinstance(found, int):
@@ -127,9 +127,9 @@ def _resolve_target(args: argparse.Namespace) -> int | None:
 
 
 def _run_jsonl(args: argparse.Namespace) -> int:
-    """``--jsonl``: the screenless stream (``rltperf_tui.headless``), recording beside it
+    """``--jsonl``: the screenless stream (``rltperf_tui.commands.headless``), recording beside it
     when ``-o`` is given."""
-    from rltperf_tui.headless import LineWriter, Stream
+    from rltperf_tui.commands.headless import LineWriter, Stream
 
     if args.window <= 0 or not 0 < args.refresh <= 30:
         print(

@@ -1,7 +1,7 @@
 """``rltperf watch TARGET… --trigger RULE``: a headless flight recorder for load tests.
 
 Records the unprofiled stream of every target (rotating files, bounded disk), checks
-the trigger rules (``rltperf_tui.triggers``) as records arrive, asks the engine for a
+the trigger rules (``rltperf_tui.live.triggers``) as records arrive, asks the engine for a
 capture when one fires (cooldown, maximum, the engine's snapshot budget respected),
 and at the end (``--duration``, Ctrl-C, or every engine's goodbye) writes
 ``OUT/index.html``: each target's summary, every trigger event with its figures and
@@ -31,9 +31,9 @@ from engine_adapters.definitions.records import (
 )
 from engine_adapters.monitor.base import AdapterError, Session
 from engine_adapters.monitor.recording import RecordingError, RecordingWriter
-from rltperf_tui.aggregator import TargetStats
 from rltperf_tui.commands.common import Progress, add_target_options, open_session, target_options
-from rltperf_tui.triggers import GRAMMAR, Fire, RuleError, TriggerSet
+from rltperf_tui.live.aggregator import TargetStats
+from rltperf_tui.live.triggers import GRAMMAR, Fire, RuleError, TriggerSet
 
 HELP = "headless flight recorder: record every target, capture when a trigger rule fires, write a report"
 EXIT_WITHOUT_TEARDOWN = True

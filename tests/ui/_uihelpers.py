@@ -12,8 +12,8 @@ from typing import Any
 from textual.pilot import Pilot
 
 from engine_adapters.monitor.replay import ReplayAdapter
-from rltperf_tui.app import MonitorApp, TargetSpec
-from rltperf_tui.widgets.panel import Panel
+from rltperf_tui.tui.app import MonitorApp, TargetSpec
+from rltperf_tui.tui.widgets.panel import Panel
 
 DATA = Path(__file__).resolve().parent / "data"
 RECORDING = DATA / "demo.rltrec"

@@ -16,16 +16,16 @@ import pytest
 from engine_adapters.definitions.records import SCHEMA_VERSION, EngineInfo, Hello, StepRecord
 from engine_adapters.monitor.recording import RecordingWriter, read_all
 from engine_adapters.monitor.replay import ReplayAdapter
-from rltperf_tui.app import MonitorApp, TargetSpec
-from rltperf_tui.screens.help import HelpScreen
-from rltperf_tui.widgets.captures import CapturesPanel
-from rltperf_tui.widgets.device import DevicePanel
-from rltperf_tui.widgets.latency import LatencyPanel
-from rltperf_tui.widgets.loops import LoopsPanel
-from rltperf_tui.widgets.roofline_panel import RooflinePanel
-from rltperf_tui.widgets.status_bar import StatusBar
-from rltperf_tui.widgets.step_timeline import StepTimeline
-from rltperf_tui.widgets.target_header import TargetHeader
+from rltperf_tui.tui.app import MonitorApp, TargetSpec
+from rltperf_tui.tui.screens.help import HelpScreen
+from rltperf_tui.tui.widgets.captures import CapturesPanel
+from rltperf_tui.tui.widgets.device import DevicePanel
+from rltperf_tui.tui.widgets.latency import LatencyPanel
+from rltperf_tui.tui.widgets.loops import LoopsPanel
+from rltperf_tui.tui.widgets.roofline_panel import RooflinePanel
+from rltperf_tui.tui.widgets.status_bar import StatusBar
+from rltperf_tui.tui.widgets.step_timeline import StepTimeline
+from rltperf_tui.tui.widgets.target_header import TargetHeader
 from tests.conftest import LOOP_ENGINE, ROOT, start_engine
 from tests.ui._uihelpers import RECORDING, panel_text, replay_spec, sync, wait_for
 
@@ -308,7 +308,7 @@ async def test_every_key_is_in_the_command_palette() -> None:
 
 def test_monitor_never_imports_torch() -> None:
     code = (
-        "import sys, rltperf_tui.app, rltperf_tui.screens.help, rltperf_tui.bench.ingest\n"
+        "import sys, rltperf_tui.tui.app, rltperf_tui.tui.screens.help, rltperf_tui.bench.ingest\n"
         "import rltperf_tui.commands.attach, rltperf_tui.commands.demo, rltperf_tui.commands.replay\n"
         "bad = sorted(m for m in ('torch', 'vllm') if m in sys.modules)\n"
         "assert not bad, bad\n"

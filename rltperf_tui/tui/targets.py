@@ -25,8 +25,8 @@ from engine_adapters.definitions.records import Record, SessionEvent
 from engine_adapters.monitor.base import Adapter, AdapterError, Reconnecting, ReplayControl, Session
 from engine_adapters.monitor.recording import RecordingError, RecordingWriter
 from engine_adapters.monitor.registry import adapter_for
-from rltperf_tui.aggregator import TargetStats
-from rltperf_tui.triggers import TriggerSet
+from rltperf_tui.live.aggregator import TargetStats
+from rltperf_tui.live.triggers import TriggerSet
 
 BATCH_S = 0.25
 """The ingest worker posts one message per this many seconds (when records came).

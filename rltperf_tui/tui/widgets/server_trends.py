@@ -9,8 +9,8 @@ finished), never a zero.
 
 from __future__ import annotations
 
-from rltperf_tui.widgets._fmt import Lines, ms, num, si, spark
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import Lines, ms, num, si, spark
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 LABEL_W = 13
 NUM_W = 8

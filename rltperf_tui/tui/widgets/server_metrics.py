@@ -10,8 +10,8 @@ MBU from the server's own byte estimate carries its caveat (vLLM counts
 from __future__ import annotations
 
 from engine_adapters.definitions.cost import cost
-from rltperf_tui.widgets._fmt import NA, Lines, bar, ms, num, si
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import NA, Lines, bar, ms, num, si
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 _LATENCIES = (
     ("ttft", "TTFT"),

@@ -29,8 +29,8 @@ from typing import IO, Any
 
 from engine_adapters.definitions.records import Ceiling, Record, SessionEvent
 from engine_adapters.monitor.base import Session
-from rltperf_tui.aggregator import TargetStats
 from rltperf_tui.analysis.summary import summarize
+from rltperf_tui.live.aggregator import TargetStats
 
 EXIT_TARGETS_ENDED = 1
 """Exit status when every target went away (each one's last object says why)."""

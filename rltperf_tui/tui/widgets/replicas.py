@@ -18,8 +18,8 @@ from engine_adapters.definitions.server_window import (
     ReplicaTotals,
     replica_totals,
 )
-from rltperf_tui.widgets._fmt import Lines, Row, ms, num, si
-from rltperf_tui.widgets.panel import Panel
+from rltperf_tui.tui.widgets._fmt import Lines, Row, ms, num, si
+from rltperf_tui.tui.widgets.panel import Panel
 
 NAME_W = 26
 COLS = (("running", 8), ("waiting", 8), ("KV %", 7), ("gen tok/s", 10), ("prompt/s", 9), ("req/s", 7),

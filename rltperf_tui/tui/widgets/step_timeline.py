@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
-from rltperf_tui.widgets._fmt import BLOCKS, STAGE_COLORS, STAGE_GLYPHS, Lines, ms, spark
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import BLOCKS, STAGE_COLORS, STAGE_GLYPHS, Lines, ms, spark
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 AXIS_W = 9
 """Columns of the y-axis labels."""

@@ -16,8 +16,8 @@ from textual.app import App
 from engine_adapters.definitions.records import MAX_CAPTURE_STEPS, Record, StageTable
 from engine_adapters.monitor.base import AdapterError
 from engine_adapters.monitor.recording import RecordingError, RecordingWriter
-from rltperf_tui.targets import CaptureRequested, TargetHandle, TargetProblem, slug
-from rltperf_tui.triggers import Fire
+from rltperf_tui.live.triggers import Fire
+from rltperf_tui.tui.targets import CaptureRequested, TargetHandle, TargetProblem, slug
 
 
 class MonitorActions(App[int]):

@@ -17,11 +17,11 @@ from textual.strip import Strip
 from textual.style import Style as VisualStyle
 from textual.widget import Widget
 
-from rltperf_tui.widgets._fmt import Lines, Row, fit_row
+from rltperf_tui.tui.widgets._fmt import Lines, Row, fit_row
 
 if TYPE_CHECKING:
     from engine_adapters.definitions.cost import Prices
-    from rltperf_tui.aggregator import TargetStats, Window
+    from rltperf_tui.live.aggregator import TargetStats, Window
 
 
 @dataclass

@@ -5,8 +5,8 @@ what it cost when prices were given (``engine_adapters.definitions.cost``)."""
 from __future__ import annotations
 
 from engine_adapters.definitions.cost import cost
-from rltperf_tui.widgets._fmt import Lines, ms, num, si
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import Lines, ms, num, si
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 
 def _dur(s: float) -> str:

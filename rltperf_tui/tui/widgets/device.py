@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from engine_adapters.definitions.figures import QUIET_AFTER_S
 from rltperf_tui.elide import elide
-from rltperf_tui.widgets._fmt import Lines, ms, pct, size
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import Lines, ms, pct, size
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 
 class DevicePanel(Panel):

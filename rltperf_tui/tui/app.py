@@ -44,9 +44,10 @@ from engine_adapters.definitions.records import (
 )
 from engine_adapters.monitor.base import ReplayControl
 from rltperf_tui import tune_gc_for_ingest
-from rltperf_tui.aggregator import TargetStats
-from rltperf_tui.app_actions import MonitorActions
-from rltperf_tui.targets import (
+from rltperf_tui.live.aggregator import TargetStats
+from rltperf_tui.live.triggers import STEP_FIGURES, TriggerSet
+from rltperf_tui.tui.app_actions import MonitorActions
+from rltperf_tui.tui.targets import (
     HUNG_AFTER_S,
     CaptureRequested,
     RecordsBatch,
@@ -55,11 +56,10 @@ from rltperf_tui.targets import (
     TargetSpec,
     ingest,
 )
-from rltperf_tui.triggers import STEP_FIGURES, TriggerSet
-from rltperf_tui.widgets.panel import PanelContext
-from rltperf_tui.widgets.replicas import ReplicaPanel, ReplicaView
-from rltperf_tui.widgets.status_bar import StatusBar, StatusInfo
-from rltperf_tui.widgets.target_column import TargetColumn
+from rltperf_tui.tui.widgets.panel import PanelContext
+from rltperf_tui.tui.widgets.replicas import ReplicaPanel, ReplicaView
+from rltperf_tui.tui.widgets.status_bar import StatusBar, StatusInfo
+from rltperf_tui.tui.widgets.target_column import TargetColumn
 
 __all__ = ["HUNG_AFTER_S", "MonitorApp", "TargetSpec"]
 """Names other modules import from here (the targets' types live in ``targets.py``)."""
@@ -435,7 +435,7 @@ class MonitorApp(MonitorActions):
 
     def action_help(self) -> None:
         """Show what every panel and number means."""
-        from rltperf_tui.screens.help import HelpScreen
+        from rltperf_tui.tui.screens.help import HelpScreen
 
         self.push_screen(HelpScreen())
 

@@ -11,18 +11,18 @@ from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 
-from rltperf_tui.widgets.captures import CapturesPanel
-from rltperf_tui.widgets.device import DevicePanel
-from rltperf_tui.widgets.latency import LatencyPanel
-from rltperf_tui.widgets.loops import LoopsPanel
-from rltperf_tui.widgets.panel import Panel, PanelContext
-from rltperf_tui.widgets.queue_kv import QueuePanel
-from rltperf_tui.widgets.roofline_panel import RooflinePanel
-from rltperf_tui.widgets.server_metrics import ServerMetricsPanel
-from rltperf_tui.widgets.server_totals import ServerTotalsPanel
-from rltperf_tui.widgets.server_trends import ServerTrendsPanel
-from rltperf_tui.widgets.step_timeline import StepTimeline
-from rltperf_tui.widgets.target_header import TargetHeader
+from rltperf_tui.tui.widgets.captures import CapturesPanel
+from rltperf_tui.tui.widgets.device import DevicePanel
+from rltperf_tui.tui.widgets.latency import LatencyPanel
+from rltperf_tui.tui.widgets.loops import LoopsPanel
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets.queue_kv import QueuePanel
+from rltperf_tui.tui.widgets.roofline_panel import RooflinePanel
+from rltperf_tui.tui.widgets.server_metrics import ServerMetricsPanel
+from rltperf_tui.tui.widgets.server_totals import ServerTotalsPanel
+from rltperf_tui.tui.widgets.server_trends import ServerTrendsPanel
+from rltperf_tui.tui.widgets.step_timeline import StepTimeline
+from rltperf_tui.tui.widgets.target_header import TargetHeader
 
 WIDE_AT = 100
 """Column width (cells) from which the panels go in two stacks."""

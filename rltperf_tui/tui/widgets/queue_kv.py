@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rltperf_tui.widgets._fmt import NA, Lines, is_num, pct, size
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import NA, Lines, is_num, pct, size
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 
 def _int(v: float | int | None) -> str:
