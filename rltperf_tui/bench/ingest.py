@@ -33,16 +33,15 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-import engine_adapters
+from rltperf_tui.bench import SOURCE_ROOT
 
 HELP = "monitor cost: records decoded+aggregated per second, monitor CPU at 1000 steps/s"
 DESCRIPTION = __doc__ or HELP
 
-ROOT = Path(engine_adapters.__file__).resolve().parents[1]
-"""The folder holding the packages (a checkout, or site-packages)."""
+ROOT = SOURCE_ROOT
+"""The folder holding the packages (``rltperf_tui.bench.SOURCE_ROOT``)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
