@@ -41,8 +41,7 @@ def check_jsonl_options(args: argparse.Namespace) -> str | None:
 
 def run_jsonl(found: list[tuple[str, str]], args: argparse.Namespace, prog: str) -> int:
     """Open every target and stream JSON lines to stdout; returns the exit status."""
-    from rltperf_tui.commands.attach import open_targets
-    from rltperf_tui.commands.common import target_options
+    from rltperf_tui.commands.common import open_targets, target_options
     from rltperf_tui.commands.headless import LineWriter, Stream
 
     opts = target_options(args)
