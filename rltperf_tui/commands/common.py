@@ -78,7 +78,7 @@ def open_targets(targets: list[str], options: dict[str, Any], wait: bool, prog: 
     message on the terminal.  Returns ``TargetSpec``s, or None after printing why."""
     from engine_adapters.monitor.base import AdapterError
     from engine_adapters.monitor.registry import adapter_for
-    from rltperf_tui.tui.targets import TargetSpec
+    from rltperf_tui.live.driver import TargetSpec
 
     specs: list[TargetSpec] = []
     failed: list[str] = []

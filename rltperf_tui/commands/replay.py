@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from engine_adapters.monitor.base import AdapterError
     from engine_adapters.monitor.replay import ReplayAdapter
     from rltperf_tui.commands.common import check_recording
-    from rltperf_tui.tui.app import TargetSpec
+    from rltperf_tui.live.driver import TargetSpec
 
     specs = []
     for f in args.files:

@@ -38,14 +38,10 @@ from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from engine_adapters.definitions.cost import Prices
-from engine_adapters.definitions.records import (
-    Ceiling,
-    StepRecord,
-)
 from engine_adapters.monitor.base import ReplayControl
 from rltperf_tui import tune_gc_for_ingest
-from rltperf_tui.live.aggregator import TargetStats
-from rltperf_tui.live.triggers import STEP_FIGURES, TriggerSet
+from rltperf_tui.live.driver import new_stats, peak_override
+from rltperf_tui.live.triggers import TriggerSet
 from rltperf_tui.tui.app_actions import MonitorActions
 from rltperf_tui.tui.targets import (
     HUNG_AFTER_S,
@@ -128,25 +124,19 @@ class MonitorApp(MonitorActions):
         self.child_problem: str | None = None
         self.display_paused = False
         self.paused_records = 0
-        override = None
-        if peak_gbps is not None or peak_gflops is not None:
-            override = Ceiling(
-                device="", peak_bw_gbps=peak_gbps, peak_gflops=peak_gflops, source="--peak-gbps flag"
-            )
+        override = peak_override(peak_gbps, peak_gflops)
         self.handles: list[TargetHandle] = []
         for i, t in enumerate(targets):
             spec = t if isinstance(t, TargetSpec) else TargetSpec(target=t)
-            stats = TargetStats(capacity=max(1024, history_steps), peak_override=override)
+            stats = new_stats(history_steps, override)
             if spec.session is None:
                 stats.state_detail = f"connecting to {spec.target}"
-            handle = TargetHandle(i, spec, stats)
-            if triggers:
-                handle.triggers = TriggerSet.parse(
-                    triggers, cooldown_s=trigger_cooldown_s, max_captures=trigger_max
-                )
-                # a recording shows where the rules fire; only a live engine can capture
-                handle.triggers.can_capture = handle.live
-            self.handles.append(handle)
+            rules = (
+                TriggerSet.parse(triggers, cooldown_s=trigger_cooldown_s, max_captures=trigger_max)
+                if triggers
+                else None
+            )
+            self.handles.append(TargetHandle(i, spec, stats, rules))
         self.trigger_all = trigger_all
         self.prices = prices
         """Prices for the cost figures of metrics targets (``--cost-in`` ...), if given."""
@@ -199,13 +189,8 @@ class MonitorApp(MonitorActions):
     def on_records_batch(self, message: RecordsBatch) -> None:
         h = self.handles[message.index]
         h.last_heard = time.monotonic()
-        trig = h.triggers
         try:
-            h.stats.add(message.records)
-            if trig is not None and any(r.figure in STEP_FIGURES for r in trig.rules):
-                steps = [r for r in message.records if isinstance(r, StepRecord)]
-                if steps:
-                    self._act_on_fires(h, trig.check_steps(steps, busy=self._capture_running(h)))
+            self._act_on_fires(h, h.ingest(message.records, final=message.final).fires)
         finally:
             if message.slot:
                 h.handled += 1
@@ -216,12 +201,13 @@ class MonitorApp(MonitorActions):
 
     def on_capture_requested(self, message: CaptureRequested) -> None:
         h = self.handles[message.index]
-        if message.capture_id not in h.stats.captures:  # the engine's reply may be in first
-            h.stats.note_capture_request(
-                message.capture_id, message.mode, message.steps, time.perf_counter_ns()
+        if message.capture_id is None:
+            h.capture_not_sent()
+            self.notify(
+                f"capture not requested: {message.error}", title=h.target, severity="error", timeout=8
             )
-        if message.trigger:
-            h.stats.captures[message.capture_id].trigger = message.trigger
+        else:
+            h.capture_sent(message.capture_id, message.mode, message.steps, message.fire)
         h.dirty = True
 
     def on_target_problem(self, message: TargetProblem) -> None:
@@ -260,8 +246,7 @@ class MonitorApp(MonitorActions):
             if self.display_paused:
                 return
             for h, col in zip(self.handles, self._columns, strict=False):
-                busy = any(c.state in ("armed", "capturing", "exporting") for c in h.stats.captures.values())
-                if not (h.dirty or busy or self._silent_s(h, now) is not None):
+                if not (h.dirty or h.capture_busy or self._silent_s(h, now) is not None):
                     continue
                 h.dirty = False
                 col.show(self._panel_context(h, now))
@@ -302,9 +287,8 @@ class MonitorApp(MonitorActions):
         st = h.stats
         window = st.window(self.window_s, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms)
         trig = h.triggers
-        window_rules = trig is not None and any(not r.per_step for r in trig.rules)
-        if trig is not None and window_rules and h.live and st.steps.n and self._silent_s(h, now) is None:
-            self._act_on_fires(h, trig.check_window(window, st.vouched_ns, busy=self._capture_running(h)))
+        if self._silent_s(h, now) is None:  # a hung target's window is stale
+            self._act_on_fires(h, h.check_window(window))
         return PanelContext(
             target=h.target,
             stats=st,
@@ -496,10 +480,7 @@ class MonitorApp(MonitorActions):
         """Stop recordings, cancel workers and close sessions (idempotent; never waits
         on a target: each session's ``close()`` is bounded)."""
         for h in self.handles:
-            with h.rec_lock:
-                w, h.recorder = h.recorder, None
-            if w is not None:
-                w.close()
+            h.stop_recording()
         self.workers.cancel_all()
         for h in self.handles:
             if h.session is not None:

@@ -7,17 +7,17 @@ the attributes it uses are set up by ``MonitorApp.__init__``.
 from __future__ import annotations
 
 import os
-import time
 from datetime import datetime, timezone
 from functools import partial
 
 from textual.app import App
 
-from engine_adapters.definitions.records import MAX_CAPTURE_STEPS, Record, StageTable
+from engine_adapters.definitions.records import MAX_CAPTURE_STEPS
 from engine_adapters.monitor.base import AdapterError
 from engine_adapters.monitor.recording import RecordingError, RecordingWriter
+from rltperf_tui.live.driver import capture_targets
 from rltperf_tui.live.triggers import Fire
-from rltperf_tui.tui.targets import CaptureRequested, TargetHandle, TargetProblem, slug
+from rltperf_tui.tui.targets import CaptureRequested, TargetHandle, slug
 
 
 class MonitorActions(App[int]):
@@ -48,56 +48,40 @@ class MonitorActions(App[int]):
                 skipped.append(f"{h.target} ({h.stats.state})")
                 continue
             asked += 1
-            self.run_worker(
-                partial(self._request_capture, h, mode, self.capture_steps),
-                name=f"capture {h.target}",
-                group=f"capture-{h.index}",
-                thread=True,
-                exit_on_error=False,
-            )
+            self._ask_capture(h, mode, self.capture_steps)
         if asked:
             where = f"{asked} target{'s' if asked > 1 else ''}"
             self.notify(f"{mode} capture of {self.capture_steps} steps requested on {where}", timeout=3)
         if skipped:
             self.notify("not captured: " + ", ".join(skipped), severity="warning", timeout=5)
 
-    def _request_capture(self, h: TargetHandle, mode: str, steps: int, fire: Fire | None = None) -> None:
-        session = h.session
-        if session is None:
-            return
-        try:
-            if fire is None:
-                cid = session.request_capture(steps, mode)
-            else:
-                cid = session.request_capture(steps, mode, f"trigger-{fire.rule.figure}", trigger=fire.info())
-        except AdapterError as exc:
-            self.post_message(TargetProblem(h.index, f"capture not requested: {exc}"))
-            return
-        trigger = f"{fire.rule.text} ({fire.value:.4g})" if fire is not None else None
-        self.post_message(CaptureRequested(h.index, cid, mode, steps, trigger))
-
-    def _capture_running(self, h: TargetHandle) -> bool:
-        return any(
-            c.state in ("requested", "armed", "capturing", "exporting") for c in h.stats.captures.values()
+    def _ask_capture(self, h: TargetHandle, mode: str, steps: int, fire: Fire | None = None) -> None:
+        """Send a capture request from a worker thread (the network may be slow); the
+        driver counts it as on its way until ``CaptureRequested`` comes back."""
+        h.begin_capture()
+        self.run_worker(
+            partial(self._send_capture, h, mode, steps, fire),
+            name=f"{'trigger ' if fire is not None else ''}capture {h.target}",
+            group=f"capture-{h.index}",
+            thread=True,
+            exit_on_error=False,
         )
+
+    def _send_capture(self, h: TargetHandle, mode: str, steps: int, fire: Fire | None) -> None:
+        try:
+            cid = h.send_capture(steps, mode, fire)
+        except AdapterError as exc:
+            self.post_message(CaptureRequested(h.index, None, mode, steps, fire, error=str(exc)))
+            return
+        self.post_message(CaptureRequested(h.index, cid, mode, steps, fire))
 
     def _act_on_fires(self, h: TargetHandle, fires: list[Fire]) -> None:
         """Ask for a capture for each fire that may capture (``TriggerSet`` decided)."""
         for f in fires:
-            h.fire_marks.append(f.ts_ns)
             if not f.captured:
                 continue
-            targets = [x for x in self.handles if x.live and x.supports_capture] if self.trigger_all else [h]
-            for x in targets:
-                if x.session is None or x.stats.state != "connected":
-                    continue
-                self.run_worker(
-                    partial(self._request_capture, x, self.trigger_mode, self.capture_steps, f),
-                    name=f"trigger capture {x.target}",
-                    group=f"capture-{x.index}",
-                    thread=True,
-                    exit_on_error=False,
-                )
+            for x in capture_targets(h, self.handles, self.trigger_all):
+                self._ask_capture(x, self.trigger_mode, self.capture_steps, f)
             self.notify(
                 f"{h.target}: {f.rule.text} fired ({f.value:.4g}): {self.trigger_mode} capture of "
                 f"{self.capture_steps} steps",
@@ -141,24 +125,15 @@ class MonitorActions(App[int]):
             self.force_render()
             return
         for h in live:
-            hello = h.stats.hello
-            if hello is None:
+            if h.stats.hello is None:
                 self.notify("not connected yet: nothing to record", title=h.target, severity="warning")
                 continue
             path = self._recording_path(h)
             try:
-                w = RecordingWriter(path, target=h.target)
-                first: list[Record] = [hello]
-                if list(hello.stage_names) != h.stats.stage_names:
-                    first.append(StageTable(stage_names=list(h.stats.stage_names)))
-                w.write(first)
+                h.start_recording(RecordingWriter(path, target=h.target), path)
             except RecordingError as exc:
                 self.notify(str(exc), title="cannot record", severity="error")
                 continue
-            with h.rec_lock:
-                h.recorder = w
-                h.recording_path = path
-                h.last_flush = time.monotonic()
             self.notify(f"recording to {path}", title=h.target, timeout=4)
         self.force_render()
 
@@ -171,9 +146,6 @@ class MonitorActions(App[int]):
         return path
 
     def _stop_recording(self, h: TargetHandle) -> None:
-        with h.rec_lock:
-            w, h.recorder = h.recorder, None
-            path, h.recording_path = h.recording_path, None
+        w, path = h.stop_recording()
         if w is not None:
-            w.close()
             self.notify(f"{w.records:,} records saved to {path}", title="recording stopped", timeout=6)
