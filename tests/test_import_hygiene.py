@@ -54,7 +54,7 @@ def test_monitor_never_imports_torch_or_vllm():
 def test_the_live_model_runs_without_textual():
     """The driver and the aggregator stack load (and a target is driven) without Textual."""
     mods = _modules_after(
-        "import rltperf_tui.live, rltperf_tui.live.driver, rltperf_tui.commands.headless\n"
+        "import rltperf_tui.live, rltperf_tui.live.driver, rltperf_tui.live.view, rltperf_tui.commands.headless\n"
         "from rltperf_tui.live.driver import LiveTarget, TargetSpec\n"
         "from engine_adapters.monitor.replay import ReplayAdapter\n"
         "a = ReplayAdapter('tests/ui/data/demo.rltrec', speed=0)\n"

@@ -1,19 +1,25 @@
-"""The monitor's capture, trigger and recording actions (``c``/``f``, ``[``/``]``, ``t``, ``r``).
+"""What the monitor's keys do: captures and triggers (``c``/``f``, ``[``/``]``, ``t``),
+recording (``r``), the display and replays (space, ``v``, ``p``, ``+``/``-``, ``?``), and
+the command palette's entries.
 
-A base class of ``MonitorApp`` (``app.py``), kept apart so each module stays readable;
-the attributes it uses are set up by ``MonitorApp.__init__``.
+A base class of ``MonitorApp`` (``app.py``: workers, messages, the render tick), kept
+apart so each module stays readable; the attributes it uses are set up by
+``MonitorApp.__init__``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from functools import partial
+from typing import Any
 
-from textual.app import App
+from textual.app import App, SystemCommand
+from textual.screen import Screen
 
 from engine_adapters.definitions.records import MAX_CAPTURE_STEPS
-from engine_adapters.monitor.base import AdapterError
+from engine_adapters.monitor.base import AdapterError, ReplayControl
 from engine_adapters.monitor.recording import RecordingError, RecordingWriter
 from rltperf_tui.live.driver import capture_targets
 from rltperf_tui.live.triggers import Fire
@@ -21,13 +27,17 @@ from rltperf_tui.tui.targets import CaptureRequested, TargetHandle, slug
 
 
 class MonitorActions(App[int]):
-    """Capture, trigger and recording actions over ``self.handles``."""
+    """The key actions over ``self.handles``."""
 
     handles: list[TargetHandle]
     capture_steps: int
     trigger_all: bool
     trigger_mode: str
     record_dir: str
+    display_paused: bool
+    paused_records: int
+    show_replicas: bool
+    _several_replicas: bool
 
     def force_render(self) -> None:
         """Redraw now (``MonitorApp`` renders; the base does nothing)."""
@@ -149,3 +159,76 @@ class MonitorActions(App[int]):
         w, path = h.stop_recording()
         if w is not None:
             self.notify(f"{w.records:,} records saved to {path}", title="recording stopped", timeout=6)
+
+    # -- display and replays ---------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("replay_pause", "replay_speed"):
+            return any(not h.live for h in self.handles)
+        if action == "toggle_replicas":
+            return self._several_replicas
+        if action == "toggle_record":
+            return any(h.live for h in self.handles)
+        return True
+
+    def action_toggle_replicas(self) -> None:
+        """Show or hide the replica table (two or more metrics targets)."""
+        self.show_replicas = not self.show_replicas
+        self.force_render()
+
+    def action_toggle_pause(self) -> None:
+        """Pause or resume the display (data keeps arriving)."""
+        self.display_paused = not self.display_paused
+        self.paused_records = 0
+        self.force_render()
+
+    def action_replay_pause(self) -> None:
+        """Play or pause every replayed recording."""
+        for h in self.handles:
+            if not h.live and isinstance(h.session, ReplayControl):
+                h.session.toggle_pause()
+        self.force_render()
+
+    def action_replay_speed(self, factor: float) -> None:
+        """Multiply the replay speed by ``factor`` (0 = as fast as read stays 0)."""
+        for h in self.handles:
+            s = h.session
+            if h.live or not isinstance(s, ReplayControl):
+                continue
+            speed = float(s.speed)
+            if speed > 0:
+                s.set_speed(min(256.0, max(1 / 64, speed * factor)))
+        self.force_render()
+
+    def action_help(self) -> None:
+        """Show what every panel and number means."""
+        from rltperf_tui.tui.screens.help import HelpScreen
+
+        self.push_screen(HelpScreen())
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Capture ops-only", f"profile N={self.capture_steps} steps, ops only (c)",
+                            partial(self.action_capture, "ops"))  # fmt: skip
+        yield SystemCommand("Capture full", f"profile N={self.capture_steps} steps with shapes, memory, stacks (f)",
+                            partial(self.action_capture, "full"))  # fmt: skip
+        yield SystemCommand("Halve capture length", "N / 2 ([)", self.action_halve_steps)
+        yield SystemCommand("Double capture length", "N x 2 (])", self.action_double_steps)
+        yield SystemCommand(
+            "Pause display", "freeze the screen; data still arrives (space)", self.action_toggle_pause
+        )
+        if any(h.live for h in self.handles):
+            yield SystemCommand(
+                "Record stream", "start/stop recording to .rltrec files (r)", self.action_toggle_record
+            )
+        if any(not h.live for h in self.handles):
+            yield SystemCommand(
+                "Replay play/pause", "pause or resume the recording (p)", self.action_replay_pause
+            )
+            yield SystemCommand(
+                "Replay faster", "double the replay speed (+)", partial(self.action_replay_speed, 2.0)
+            )
+            yield SystemCommand(
+                "Replay slower", "halve the replay speed (-)", partial(self.action_replay_speed, 0.5)
+            )
+        yield SystemCommand("Help", "what every panel and number means (?)", self.action_help)

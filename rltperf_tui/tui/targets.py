@@ -26,6 +26,7 @@ from engine_adapters.monitor.base import AdapterError
 from rltperf_tui.live.aggregator import TargetStats
 from rltperf_tui.live.driver import LiveTarget, TargetSpec, clock
 from rltperf_tui.live.triggers import Fire, TriggerSet
+from rltperf_tui.live.view import ViewSize
 
 __all__ = [
     "HUNG_AFTER_S",
@@ -72,6 +73,8 @@ class TargetHandle(LiveTarget):
         self.dirty = True
         self.last_heard = time.monotonic()
         """Monitor time the newest batch of this target's records arrived."""
+        self.view_size: ViewSize | None = None
+        """The panel sizes its newest view was computed for."""
 
 
 class RecordsBatch(Message):

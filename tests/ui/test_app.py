@@ -27,7 +27,7 @@ from rltperf_tui.tui.widgets.status_bar import StatusBar
 from rltperf_tui.tui.widgets.step_timeline import StepTimeline
 from rltperf_tui.tui.widgets.target_header import TargetHeader
 from tests.conftest import LOOP_ENGINE, ROOT, start_engine
-from tests.ui._uihelpers import RECORDING, panel_text, replay_spec, sync, wait_for
+from tests.ui._uihelpers import RECORDING, drawn_at_final_size, panel_text, replay_spec, sync, wait_for
 
 NUM = r"\d+\.\d+"
 MS = r"\d+(?:\.\d+)?"
@@ -246,6 +246,7 @@ async def test_no_color_keeps_stages_apart(monkeypatch: pytest.MonkeyPatch) -> N
         await wait_for(pilot, lambda: app.handles[0].stats.state == "ended", what="end")
         app.force_render()
         await pilot.pause(0.1)
+        await drawn_at_final_size(pilot)
         chart = panel_text(app, StepTimeline)
         assert "▓" in chart and "▒" in chart  # second and third stage glyphs
 
@@ -270,6 +271,7 @@ async def test_timeline_axis_clips_a_rare_outlier_and_names_it(tmp_path: Path) -
         await wait_for(pilot, lambda: app.handles[0].stats.state == "ended", what="end")
         app.force_render()
         await pilot.pause(0.1)
+        await drawn_at_final_size(pilot)
         chart = panel_text(app, StepTimeline)
     top = float(chart.split("ms┤", 1)[0].split()[-1])
     assert 26 <= top <= 100, chart  # the typical columns (20-26 ms), not the 3 s one

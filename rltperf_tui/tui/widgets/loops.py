@@ -18,7 +18,7 @@ class LoopsPanel(Panel):
 
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         w = ctx.window
-        kv = ctx.stats.latest_kv().get("kv_per_depth") or []
+        kv = ctx.stats.kv.get("kv_per_depth") or []
         ln = Lines()
         hist = w.exit_hist
         total = sum(hist)

@@ -22,7 +22,7 @@ class QueuePanel(Panel):
 
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         st = ctx.stats
-        kv = st.latest_kv()
+        kv = st.kv
         ln = Lines()
         ln.add("waiting  ", "$text-muted").add(_int(kv.get("waiting")), "bold")
         ln.add("  running ", "$text-muted").add(_int(kv.get("running")), "bold")

@@ -41,7 +41,7 @@ class ServerMetricsPanel(Panel):
 
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         ln = Lines()
-        m = ctx.stats.metrics_window(ctx.window_s)
+        m = ctx.stats.metrics
         if m is None:
             ln.add("no metrics scraped yet", "$text-muted")
             return ln
