@@ -124,6 +124,7 @@ class TargetProblem(Message):
 
 
 def slug(target: str) -> str:
+    """A short file-name-safe name of a target (its last path part or host:port), for recordings."""
     s = re.sub(r"^[a-z+]+://", "", target)
     s = re.sub(r"[^A-Za-z0-9]+", "-", os.path.basename(s.rstrip("/")) or s).strip("-")
     return s[:40] or "target"
