@@ -26,6 +26,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from engine_adapters.definitions.gpu_specs import match_spec
+
+SOURCE_CALIBRATION = "calibration"
+"""``Ceiling.source`` of figures measured by ``rltperf calibrate``."""
+SOURCE_QUICK = "quick calibration"
+"""``Ceiling.source`` of the sub-second CPU measurement made when nothing was cached."""
+
 MIB = 1 << 20
 
 FULL_CPU = {"copy_mib": 512, "reps": 10, "warmup": 2, "matmul_n": 1024}
@@ -120,7 +127,7 @@ def quick_cpu_calibration(dtype: str = "float32") -> dict[str, Any]:
         "device": cpu_model(),
         "host": socket.gethostname(),
         "kind": "cpu",
-        "source": "quick calibration",
+        "source": SOURCE_QUICK,
         "detail": (
             f"quick calibration at engine start, {_now()}: copy {q['copy_mib']} MiB x{cp['repetitions']} "
             f"({cp['copy_method']}), matmul {q['matmul_n']}^3 {dtype}, medians, {secs:.2f} s; "
@@ -201,8 +208,6 @@ def calibrate(device: str = "cpu", dtypes: tuple[str, ...] | None = None,
     a GPU found in the spec table ``spec`` (its datasheet figures) with the measured /
     datasheet ratios.
     """
-    from engine_adapters.definitions import ceilings
-
     kind = "cuda" if device.startswith("cuda") else "cpu"
     dts = tuple(dtypes or DEFAULT_DTYPES[kind])
     t0 = time.perf_counter()
@@ -240,7 +245,7 @@ def calibrate(device: str = "cpu", dtypes: tuple[str, ...] | None = None,
         "device_arg": device,
         "host": socket.gethostname(),
         "kind": kind,
-        "source": ceilings.SOURCE_CALIBRATION,
+        "source": SOURCE_CALIBRATION,
         "detail": (
             f"rltperf calibrate, {_now()}: copy {cp['copy_bytes'] / MIB:.0f} MiB x{cp['repetitions']} "
             f"({cp['copy_method']}), matmul {p['matmul_n']}^3 x{p['reps']}, medians after {p['warmup']} warm-up"
@@ -256,7 +261,7 @@ def calibrate(device: str = "cpu", dtypes: tuple[str, ...] | None = None,
         "measured_at": _now(),
         "convention": "copy bytes = read + written (STREAM); matmul FLOPs = 2*n^3",
     }
-    spec = ceilings.match_spec(name) if kind == "cuda" else None
+    spec = match_spec(name) if kind == "cuda" else None
     if spec is not None:
         out["spec"] = {"model": spec.key, "bw_gbps": spec.bw_gbps, "tflops": spec.tflops,
                        "datasheet": spec.datasheet}  # fmt: skip

@@ -1,6 +1,6 @@
 """Where each window figure is defined: the one implementation every consumer calls.
 
-The live screen (``rltperf_tui.aggregator``), ``rltperf summary``, the probe's
+The live screen (``rltperf_tui.live.aggregator``), ``rltperf summary``, the probe's
 Prometheus gauges and ``rltperf compare`` all compute idle, MBU, tokens/s, steps/s
 and goodput here, so a figure means the same thing wherever it is shown.
 

@@ -146,7 +146,7 @@ CAPTURE_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"
 
 
 class TriggerInfo(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
-    """Why a capture was asked for by a trigger rule (``rltperf_tui.triggers``)."""
+    """Why a capture was asked for by a trigger rule (``rltperf_tui.live.triggers``)."""
 
     rule: str
     """The rule as written, e.g. ``step_ms>150``."""

@@ -81,14 +81,18 @@ class RecordingWriter:
             raise RecordingError(f"cannot write {self.path}: {exc.strerror}") from None
 
     def close(self) -> None:
-        """Flush and close (idempotent)."""
+        """Flush and close (idempotent; never raises: a write that failed has said so
+        already, and a monitor stopping a recording must not fail with it)."""
         if not self._f.closed:
             try:
                 self._f.flush()
                 os.fsync(self._f.fileno())
             except OSError:
                 pass
-            self._f.close()
+            try:
+                self._f.close()  # flushes what is still buffered once more: a full disk fails again
+            except OSError:
+                pass
 
     def __enter__(self) -> RecordingWriter:
         return self

@@ -12,6 +12,7 @@ A multiply-add is 2 FLOPs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from engine_adapters.reference.presets import ModelConfig
 
@@ -56,6 +57,26 @@ def kv_layer_caches(cfg: ModelConfig, kv_policy: str) -> int:
     """Layer caches a token occupies: per depth for each shared layer, or one per layer."""
     looped = cfg.n_shared * (cfg.max_loops if kv_policy == "per_depth" else 1)
     return cfg.n_prelude + cfg.n_coda + looped
+
+
+def model_shape(cfg: ModelConfig) -> dict[str, Any]:
+    """Shape facts for ``EngineInfo.model_shape`` (the parameter count included)."""
+    return {
+        "hidden": cfg.hidden,
+        "ffn": cfg.ffn,
+        "layers": cfg.n_layers,
+        "prelude": cfg.n_prelude,
+        "shared": cfg.n_shared,
+        "coda": cfg.n_coda,
+        "max_loops": cfg.max_loops,
+        "heads": cfg.n_heads,
+        "kv_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "vocab": cfg.vocab,
+        "tied_embeddings": cfg.tie_embeddings,
+        "input_injection": cfg.inject,
+        "params": param_count(cfg),
+    }
 
 
 def layer_linear_flops(cfg: ModelConfig, tokens: int) -> float:

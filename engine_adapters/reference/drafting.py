@@ -15,15 +15,17 @@ from engine_adapters.reference.scheduler import Scheduled, Scheduler
 from engine_adapters.reference.spec import SpecConfig
 
 if TYPE_CHECKING:
-    from engine_adapters.reference.engine import Engine
+    from engine_adapters.reference.kvcache import KVCache
+    from engine_adapters.reference.model import LoopedLM
 
 
-def draft_tokens(engine: Engine, drafting: list[Scheduled], counter: StepCounter) -> Any:
-    """Draft tokens for each drafting row at ``draft_loops``; ``[rows, max_draft]`` tensor."""
+def draft_tokens(
+    model: LoopedLM, kv: KVCache, draft_loops: int, drafting: list[Scheduled], counter: StepCounter
+) -> Any:
+    """Draft tokens for each drafting row at ``draft_loops`` passes of ``model`` (its KV in
+    ``kv``); ``[rows, max_draft]`` tensor."""
     import torch
 
-    assert engine.spec is not None
-    model = engine.model
     gmax = max(it.draft for it in drafting)
     dbuf = torch.zeros((len(drafting), gmax), dtype=torch.long, device=model.device)
     fixed = ExitPolicy("fixed")
@@ -40,7 +42,7 @@ def draft_tokens(engine: Engine, drafting: list[Scheduled], counter: StepCounter
         if j > 0:
             keep = [prev_rows.index(k) for k in rows]
             b.input_ids = prev.index_select(0, torch.tensor(keep, device=model.device))
-        res = model(b, engine.kv, counter, fixed, "select", loops=engine.spec.draft_loops)
+        res = model(b, kv, counter, fixed, "select", loops=draft_loops)
         prev = res.logits.argmax(dim=-1)
         prev_rows = rows
         dbuf[torch.tensor(rows, device=model.device), j] = prev

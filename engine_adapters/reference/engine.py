@@ -46,10 +46,11 @@ from engine_adapters.reference.config import (
 from engine_adapters.reference.drafting import accept_drafts, draft_tokens, place_drafts
 from engine_adapters.reference.exits import ExitPolicy, parse_exit, parse_exit_mode
 from engine_adapters.reference.info import engine_info
-from engine_adapters.reference.kvcache import KVCache, blocks_for_memory, parse_kv_policy
+from engine_adapters.reference.kvcache import KVCache, parse_kv_policy
 from engine_adapters.reference.loadgen import LoadGenerator, WorkloadSpec, parse_workload
-from engine_adapters.reference.presets import ModelConfig, get_preset, with_loops
+from engine_adapters.reference.presets import get_preset, with_loops
 from engine_adapters.reference.scheduler import Scheduler, Sequence
+from engine_adapters.reference.sizing import import_torch, plan_kv_pool
 from engine_adapters.reference.spec import SpecConfig, parse_spec
 from engine_adapters.reference.timing import EventPool, resolve_loop_events
 
@@ -109,8 +110,13 @@ class Engine:
         if threads < 1:
             raise EngineError(f"--threads must be >= 1, not {threads}")
         self.threads = threads
-        bt, need, nblocks = self._size_kv_pool(cfg, preset, model_cfg)
-        torch = self._import_torch(dev)
+        plan = plan_kv_pool(cfg, preset, model_cfg, self.workload, self.spec, self.kv_policy, self.bpe)
+        self.max_num_seqs = plan.max_num_seqs
+        self.token_budget = plan.token_budget
+        self.kv_raised: str | None = plan.raised
+        """Why the default KV pool is larger than the preset's budget (None: it is not)."""
+        bt, need, nblocks = plan.block_tokens, plan.need, plan.blocks
+        torch = import_torch(dev)
         torch.set_num_threads(threads)
         self.max_len = need
         self.seed = cfg.seed
@@ -147,62 +153,6 @@ class Engine:
         self.outputs: dict[str, list[int]] = {}
         if cfg.warmup:
             self.warmup()
-
-    def _size_kv_pool(self, cfg: EngineConfig, preset: Any, model_cfg: ModelConfig) -> tuple[int, int, int]:
-        """Batch limits and the KV pool: ``(block tokens, tokens a request needs, blocks)``."""
-        self.max_num_seqs = cfg.max_num_seqs or preset.engine.max_num_seqs
-        self.token_budget = cfg.token_budget or preset.engine.token_budget
-        bt = cfg.kv_block_tokens or preset.engine.kv_block_tokens
-        if self.max_num_seqs < 1 or self.token_budget < 1 or bt < 1:
-            raise EngineError("--max-num-seqs, --token-budget and --kv-block-tokens must be >= 1")
-        if self.spec and self.token_budget < self.spec.draft_len + 1:
-            raise EngineError(f"--token-budget must be at least draft_len + 1 = {self.spec.draft_len + 1}")
-        if cfg.kv_blocks is not None and cfg.kv_blocks < 1:
-            raise EngineError(f"--kv-blocks must be >= 1, not {cfg.kv_blocks}")
-        w = self.workload
-        need = w.prompt_len + w.output_len + (self.spec.draft_len if self.spec else 0)
-        self.kv_raised: str | None = None
-        """Why the default KV pool is larger than the preset's budget (None: it is not)."""
-        if cfg.kv_blocks is not None:
-            nblocks = cfg.kv_blocks
-        else:
-            nblocks = blocks_for_memory(model_cfg, self.kv_policy, bt, preset.engine.kv_mem_bytes, self.bpe)
-            # The budget keeps the demo's bursts under KV pressure; a workload with longer
-            # requests (rate-4096: 4160 tokens) still runs without flags: the default pool
-            # grows to hold KV_FIT_REQUESTS of its requests (one running, one admitted).
-            fit = KV_FIT_REQUESTS * -(-need // bt)
-            if nblocks < fit:
-                self.kv_raised = (
-                    f"raised from the preset's {preset.engine.kv_mem_bytes / 2**20:.0f} MiB budget "
-                    f"({nblocks} blocks) to hold {KV_FIT_REQUESTS} requests of {need} tokens"
-                )
-                nblocks = fit
-        if need > nblocks * bt:
-            raise EngineError(
-                f"workload {w.text!r} needs {need} tokens of KV per request but the {self.kv_policy} cache holds "
-                f"{nblocks * bt} ({nblocks} blocks x {bt}); raise --kv-blocks (to at least {-(-need // bt)}) "
-                "or use --kv-policy shared"
-            )
-        return bt, need, nblocks
-
-    def _import_torch(self, dev: str) -> Any:
-        """torch, imported only now (bad flags are reported without paying for it), and
-        the CUDA device checked."""
-        try:
-            import torch
-        except ImportError:
-            raise EngineError("PyTorch is not installed: pip install torch") from None
-        if self.is_cuda:
-            if not torch.cuda.is_available():
-                raise EngineError(
-                    "--device cuda: this torch build or machine has no CUDA device "
-                    f"(torch {torch.__version__}, cuda {torch.version.cuda}); use --device cpu"
-                )
-            if int(dev[5:]) >= torch.cuda.device_count():
-                raise EngineError(
-                    f"--device {dev}: this machine has {torch.cuda.device_count()} CUDA device(s)"
-                )
-        return torch
 
     # -- description ---------------------------------------------------------------------------
 
@@ -358,7 +308,8 @@ class Engine:
         dbuf = None
         if drafting:
             mark("draft")
-            dbuf = draft_tokens(self, drafting, counter)
+            assert self.spec is not None  # rows draft only under --spec
+            dbuf = draft_tokens(model, self.kv, self.spec.draft_loops, drafting, counter)
             place_drafts(batch, drafting, dbuf, model.device)
         stage = "verify" if drafting else "forward"
         mark(stage)

@@ -5,17 +5,46 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from engine_adapters import __version__
 from engine_adapters.definitions.contract import code_state
-from engine_adapters.reference.config import ENGINE_NAME
+from engine_adapters.reference.analytic import model_shape
+from engine_adapters.reference.config import ENGINE_NAME, EngineConfig
+from engine_adapters.reference.kvcache import KVCache
+from engine_adapters.reference.loadgen import LoadGenerator, WorkloadSpec
+from engine_adapters.reference.presets import ModelConfig
+from engine_adapters.reference.spec import SpecConfig
 
-if TYPE_CHECKING:
-    from engine_adapters.reference.engine import Engine
+
+class DescribedEngine(Protocol):
+    """What ``engine_info`` reads of an engine (``engine.Engine`` has all of it): the
+    engine passes itself in, and this module never imports the engine."""
+
+    cfg: EngineConfig
+    model_cfg: ModelConfig
+    model_desc: str
+    workload: WorkloadSpec
+    loadgen: LoadGenerator
+    kv: KVCache
+    kv_policy: str
+    kv_raised: str | None
+    spec: SpecConfig | None
+    stall: tuple[float, int] | None
+    device: str
+    is_cuda: bool
+    dtype: str
+    threads: int
+    seed: int
+    token_budget: int
+    max_num_seqs: int
+
+    def exit_config(self) -> str:
+        """Exit policy and mode, as in the engine info."""
+        ...
 
 
-def engine_info(engine: Engine, duration: float | None = None) -> dict[str, Any]:
+def engine_info(engine: DescribedEngine, duration: float | None = None) -> dict[str, Any]:
     """``EngineInfo`` fields of ``engine``, with every test-contract field the engine knows."""
     import torch
 
@@ -77,7 +106,7 @@ def engine_info(engine: Engine, duration: float | None = None) -> dict[str, Any]
         "name": ENGINE_NAME,
         "version": __version__,
         "model": engine.model_desc,
-        "model_shape": c.shape_dict(),
+        "model_shape": model_shape(c),
         "dtype": engine.dtype,
         "quantization": "none",
         "device": engine.device,

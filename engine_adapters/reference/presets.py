@@ -69,27 +69,6 @@ class ModelConfig:
             f"{'tied' if self.tie_embeddings else 'untied'} embeddings"
         )
 
-    def shape_dict(self) -> dict[str, Any]:
-        """Shape facts for ``EngineInfo.model_shape``."""
-        from engine_adapters.reference.analytic import param_count
-
-        return {
-            "hidden": self.hidden,
-            "ffn": self.ffn,
-            "layers": self.n_layers,
-            "prelude": self.n_prelude,
-            "shared": self.n_shared,
-            "coda": self.n_coda,
-            "max_loops": self.max_loops,
-            "heads": self.n_heads,
-            "kv_heads": self.n_kv_heads,
-            "head_dim": self.head_dim,
-            "vocab": self.vocab,
-            "tied_embeddings": self.tie_embeddings,
-            "input_injection": self.inject,
-            "params": param_count(self),
-        }
-
 
 @dataclass(frozen=True)
 class EngineDefaults:

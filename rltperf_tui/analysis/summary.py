@@ -8,7 +8,7 @@ from typing import Any
 
 from engine_adapters.definitions.records import Ceiling
 from engine_adapters.monitor.recording import RecordingReader
-from rltperf_tui.aggregator import MetricsWindow, TargetStats
+from rltperf_tui.live.aggregator import MetricsWindow, TargetStats
 
 
 def load_recording(

@@ -33,16 +33,15 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-import engine_adapters
+from rltperf_tui.bench import SOURCE_ROOT
 
 HELP = "monitor cost: records decoded+aggregated per second, monitor CPU at 1000 steps/s"
 DESCRIPTION = __doc__ or HELP
 
-ROOT = Path(engine_adapters.__file__).resolve().parents[1]
-"""The folder holding the packages (a checkout, or site-packages)."""
+ROOT = SOURCE_ROOT
+"""The folder holding the packages (``rltperf_tui.bench.SOURCE_ROOT``)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -114,7 +113,7 @@ def synthetic_stream(n: int, seed: int = 1) -> tuple[bytes, int]:
 def decode_aggregate_rate(n: int) -> dict[str, Any]:
     """Records/s of FrameReader.feed + TargetStats.add, and of each alone (one thread)."""
     from engine_adapters.definitions.wire import FrameReader
-    from rltperf_tui.aggregator import TargetStats
+    from rltperf_tui.live.aggregator import TargetStats
 
     data, steps = synthetic_stream(n)
     chunk = 1 << 18
@@ -168,7 +167,7 @@ WARMUP_S = 35.0
 
 _CHILD = r"""
 import json, sys
-from rltperf_tui.app import MonitorApp
+from rltperf_tui.tui.app import MonitorApp
 target, out, refresh = sys.argv[1], sys.argv[2], float(sys.argv[3])
 app = MonitorApp([target], refresh_hz=refresh)
 try:

@@ -33,7 +33,7 @@ _CHILD = r"""
 import json, sys, time
 from engine_adapters.monitor.vllm.adapter import VllmAdapter
 from rltperf_tui import tune_gc_for_ingest
-from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.live.aggregator import TargetStats
 target, hz, warm, dur = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 tune_gc_for_ingest()
 session = VllmAdapter(target, interval=1.0 / hz, reconnect=False).connect()
@@ -104,7 +104,7 @@ def _split_one_scrape(target: str, repeats: int = 20) -> dict[str, Any]:
 def stored_page_parse(repeats: int = 30) -> dict[str, Any]:
     """CPU milliseconds of ``parse_scrape`` on ``STORED_PAGE`` (median of ``repeats``, one thread)."""
     from engine_adapters.monitor.vllm.metrics import parse_scrape
-    from rltperf_tui.bench.ingest import ROOT
+    from rltperf_tui.bench import SOURCE_ROOT as ROOT
 
     path = ROOT / STORED_PAGE
     if not path.is_file():
@@ -128,7 +128,7 @@ def stored_page_parse(repeats: int = 30) -> dict[str, Any]:
 
 def metrics_only_cost(target: str, duration: float = 20.0, hz: float = 2.0) -> dict[str, Any]:
     """The monitor's CPU on a /metrics-only target (see the module docstring)."""
-    from rltperf_tui.bench.ingest import ROOT
+    from rltperf_tui.bench import SOURCE_ROOT as ROOT
 
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

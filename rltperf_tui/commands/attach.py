@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
-from rltperf_tui.commands.common import add_target_options, target_options
+from rltperf_tui.commands.common import add_target_options, open_targets, target_options
 from rltperf_tui.commands.jsonl import JSONL_HELP
 
 HELP = "the live monitor: attach to running engines (tcp://, vllm+http://) or recordings"
@@ -90,7 +89,7 @@ def check_monitor_options(args: argparse.Namespace, prog: str) -> str | None:
     if args.history < 1024:
         return "--history must be at least 1024 steps"
     if getattr(args, "trigger", None):
-        from rltperf_tui.triggers import RuleError, TriggerSet
+        from rltperf_tui.live.triggers import RuleError, TriggerSet
 
         try:
             TriggerSet.parse(args.trigger)
@@ -122,7 +121,7 @@ def monitor_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from rltperf_tui.auto_targets import add_auto_options
+    from rltperf_tui.commands.auto_targets import add_auto_options
     from rltperf_tui.commands.jsonl import add_jsonl_options
 
     p.add_argument(
@@ -157,56 +156,9 @@ def prices(args: argparse.Namespace) -> tuple[Any, str | None]:
     return (p if p.any else None), None
 
 
-def open_targets(targets: list[str], options: dict[str, Any], wait: bool, prog: str) -> list[Any] | None:
-    """Connect to every target before the screen opens, so a wrong address is a clear
-    message on the terminal.  Returns ``TargetSpec``s, or None after printing why."""
-    from engine_adapters.monitor.base import AdapterError
-    from engine_adapters.monitor.registry import adapter_for
-    from rltperf_tui.app import TargetSpec
-
-    specs: list[TargetSpec] = []
-    failed: list[str] = []
-    live_failed = False
-    for t in targets:
-        if os.path.isfile(t):  # a recording: its damage is said here, before the screen opens
-            from rltperf_tui.commands.common import check_recording
-
-            rc = check_recording(t, prog)
-            if rc is not None:
-                for s in specs:
-                    if s.session is not None:
-                        s.session.close()
-                return None
-        try:
-            adapter = adapter_for(t, **options)
-        except AdapterError as exc:
-            failed.append(str(exc))
-            continue
-        try:
-            session = adapter.connect()
-        except AdapterError as exc:
-            if wait and adapter.SUPPORTS_RECONNECT:
-                specs.append(TargetSpec(target=t, adapter=adapter))
-                continue
-            failed.append(f"{t}: {exc}")
-            live_failed = live_failed or adapter.SUPPORTS_RECONNECT
-            continue
-        specs.append(TargetSpec(target=t, adapter=adapter, session=session))
-    if failed:
-        for s in specs:
-            if s.session is not None:
-                s.session.close()
-        for msg in failed:
-            print(f"rltperf {prog}: cannot attach: {msg}", file=sys.stderr)
-        if not wait and live_failed:
-            print(f"rltperf {prog}: (--wait keeps retrying a live target until it answers)", file=sys.stderr)
-        return None
-    return specs
-
-
 def run_monitor(specs: list[Any], args: argparse.Namespace, **extra: Any) -> int:
     """Run the monitor app over ``specs``; returns the exit status."""
-    from rltperf_tui.app import MonitorApp
+    from rltperf_tui.tui.app import MonitorApp
 
     app = MonitorApp(specs, **monitor_kwargs(args), **extra)
     try:
@@ -227,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         print(f"rltperf attach: error: {bad}", file=sys.stderr)
         return 2
-    from rltperf_tui.auto_targets import resolve_targets
+    from rltperf_tui.commands.auto_targets import resolve_targets
     from rltperf_tui.commands.jsonl import check_jsonl_options, run_jsonl
 
     bad = check_jsonl_options(args)

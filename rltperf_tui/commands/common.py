@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -70,6 +71,51 @@ def open_session(target: str, **options: Any) -> tuple[Adapter, Session]:
     """Adapter and connected session for ``target`` (raises ``AdapterError``)."""
     adapter = adapter_for(target, **options)
     return adapter, adapter.connect()
+
+
+def open_targets(targets: list[str], options: dict[str, Any], wait: bool, prog: str) -> list[Any] | None:
+    """Connect to every target before the screen opens, so a wrong address is a clear
+    message on the terminal.  Returns ``TargetSpec``s, or None after printing why."""
+    from engine_adapters.monitor.base import AdapterError
+    from engine_adapters.monitor.registry import adapter_for
+    from rltperf_tui.live.driver import TargetSpec
+
+    specs: list[TargetSpec] = []
+    failed: list[str] = []
+    live_failed = False
+    for t in targets:
+        if os.path.isfile(t):  # a recording: its damage is said here, before the screen opens
+            rc = check_recording(t, prog)
+            if rc is not None:
+                for s in specs:
+                    if s.session is not None:
+                        s.session.close()
+                return None
+        try:
+            adapter = adapter_for(t, **options)
+        except AdapterError as exc:
+            failed.append(str(exc))
+            continue
+        try:
+            session = adapter.connect()
+        except AdapterError as exc:
+            if wait and adapter.SUPPORTS_RECONNECT:
+                specs.append(TargetSpec(target=t, adapter=adapter))
+                continue
+            failed.append(f"{t}: {exc}")
+            live_failed = live_failed or adapter.SUPPORTS_RECONNECT
+            continue
+        specs.append(TargetSpec(target=t, adapter=adapter, session=session))
+    if failed:
+        for s in specs:
+            if s.session is not None:
+                s.session.close()
+        for msg in failed:
+            print(f"rltperf {prog}: cannot attach: {msg}", file=sys.stderr)
+        if not wait and live_failed:
+            print(f"rltperf {prog}: (--wait keeps retrying a live target until it answers)", file=sys.stderr)
+        return None
+    return specs
 
 
 class Progress:

@@ -210,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"rltperf demo: error: {bad}", file=sys.stderr)
         return 2
     from engine_adapters.monitor.tcp import ProbeAdapter
-    from rltperf_tui.app import MonitorApp, TargetSpec
+    from rltperf_tui.live.driver import TargetSpec
+    from rltperf_tui.tui.app import MonitorApp
 
     port = args.port or free_port()
     listen = f"127.0.0.1:{port}"

@@ -1,11 +1,10 @@
-"""``--jsonl``: the options and the run of the screenless monitor (``rltperf_tui.headless``),
+"""``--jsonl``: the options and the run of the screenless monitor (``rltperf_tui.commands.headless``),
 shared by ``rltperf attach`` and ``rltperf record``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 JSONL_HELP = """\
 --jsonl: no screen.  One JSON object per target per refresh (--refresh, default 2 Hz)
@@ -41,9 +40,9 @@ def check_jsonl_options(args: argparse.Namespace) -> str | None:
 
 def run_jsonl(found: list[tuple[str, str]], args: argparse.Namespace, prog: str) -> int:
     """Open every target and stream JSON lines to stdout; returns the exit status."""
-    from rltperf_tui.commands.attach import open_targets
-    from rltperf_tui.commands.common import target_options
-    from rltperf_tui.headless import LineWriter, Stream
+    from rltperf_tui.commands.common import open_targets, target_options
+    from rltperf_tui.commands.headless import LineWriter, Stream
+    from rltperf_tui.live.driver import LiveTarget, new_stats, peak_override
 
     opts = target_options(args)
     if not args.wait:
@@ -51,22 +50,19 @@ def run_jsonl(found: list[tuple[str, str]], args: argparse.Namespace, prog: str)
     specs = open_targets([t for t, _ in found], opts, args.wait, prog)
     if specs is None:
         return 1
-    sessions: list[tuple[str, Any]] = []
+    override = peak_override(args.peak_gbps, args.peak_gflops)
+    targets = []
     for s in specs:
-        session = s.session
-        if session is None:  # --wait: connects, and retries, in its own thread
-            session = s.adapter.session()
-        sessions.append((s.target, session))
+        t = LiveTarget(s, new_stats(args.history, override))
+        t.connect(opts, wait=True)  # --wait: a session that connects, and retries, in its own thread
+        targets.append(t)
     stream = Stream(
-        sessions,
+        targets,
         LineWriter(sys.stdout),
         window_s=args.window,
         refresh_hz=args.refresh,
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
-        peak_gbps=args.peak_gbps,
-        peak_gflops=args.peak_gflops,
-        history_steps=args.history,
     )
     try:
         rc = stream.run(args.duration)

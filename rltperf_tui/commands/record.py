@@ -6,9 +6,9 @@ import argparse
 import sys
 import time
 
-from engine_adapters.definitions.records import SessionEvent, StepRecord
-from engine_adapters.monitor.recording import RecordingWriter
+from engine_adapters.monitor.recording import RecordingError, RecordingWriter
 from rltperf_tui.commands.common import Progress, add_target_options, open_session, target_options
+from rltperf_tui.live.driver import LiveTarget, TargetSpec, new_stats
 
 HELP = "record a target's live stream to a .rltrec file (unprofiled baseline)"
 DESCRIPTION = """\
@@ -57,13 +57,14 @@ def run(args: argparse.Namespace) -> int:
         return bad
     if args.jsonl is not None:
         return _run_jsonl(args)
-    _, session = open_session(args.target, **target_options(args, reconnect=False))
+    adapter, session = open_session(args.target, **target_options(args, reconnect=False))
     prog = Progress(not args.quiet)
     writer = RecordingWriter(args.output, target=args.target)
-    steps = 0
+    t = LiveTarget(TargetSpec(args.target, session=session, adapter=adapter), new_stats())
+    t.start_recording(writer, args.output)
     ended = ""
     t0 = time.monotonic()
-    next_flush = t0 + 1.0
+    next_show = t0 + 1.0
     limit = args.duration if args.duration is not None else float("inf")
     of = f"/{args.duration:g} s" if args.duration is not None else " s (Ctrl-C stops)"
     try:
@@ -71,28 +72,25 @@ def run(args: argparse.Namespace) -> int:
             now = time.monotonic()
             if now - t0 >= limit:
                 break
-            recs = session.read(min(0.2, limit - (now - t0)))
-            writer.write(recs)
-            for r in recs:
-                if isinstance(r, StepRecord):
-                    steps += 1
-                elif isinstance(r, SessionEvent) and r.state in ("ended", "reconnecting"):
-                    ended = r.detail
-            if ended:
+            t.poll(min(0.2, limit - (now - t0)), check=False)
+            if t.recording_error is not None:
+                raise RecordingError(t.recording_error)
+            if t.ended:
+                ended = t.end_reason
                 break
-            if now >= next_flush:
-                writer.flush()
-                next_flush = now + 1.0
+            if now >= next_show:
+                next_show = now + 1.0
                 prog.show(
-                    f"recording {args.target}: {now - t0:5.1f}{of}, {steps} steps",
+                    f"recording {args.target}: {now - t0:5.1f}{of}, {t.stats.steps.n} steps",
                     key=str(int((now - t0) // 10)),  # without a terminal: a line every 10 s
                 )
     except KeyboardInterrupt:
         ended = "interrupted" if args.duration is not None else ""
     finally:
-        writer.close()
+        t.stop_recording()
         session.close()
         prog.done()
+    steps = t.stats.steps.n
     elapsed = time.monotonic() - t0
     print(
         f"wrote {args.output}: {writer.records} records ({steps} steps) over {elapsed:.1f} s, {writer.bytes} bytes"
@@ -113,7 +111,7 @@ def _resolve_target(args: argparse.Namespace) -> int | None:
         return 2
     if args.auto is None:
         return None
-    from rltperf_tui.auto_targets import discover
+    from rltperf_tui.commands.auto_targets import discover
 
     found = discover([args.auto], args.token, "record")
     if isinstance(found, int):
@@ -127,42 +125,36 @@ def _resolve_target(args: argparse.Namespace) -> int | None:
 
 
 def _run_jsonl(args: argparse.Namespace) -> int:
-    """``--jsonl``: the screenless stream (``rltperf_tui.headless``), recording beside it
+    """``--jsonl``: the screenless stream (``rltperf_tui.commands.headless``), recording beside it
     when ``-o`` is given."""
-    from rltperf_tui.headless import LineWriter, Stream
+    from rltperf_tui.commands.headless import LineWriter, Stream
 
     if args.window <= 0 or not 0 < args.refresh <= 30:
         print(
             "rltperf record: error: --window must be positive, --refresh between 0 and 30 Hz", file=sys.stderr
         )
         return 2
-    _, session = open_session(args.target, **target_options(args, reconnect=False))
+    adapter, session = open_session(args.target, **target_options(args, reconnect=False))
+    t = LiveTarget(TargetSpec(args.target, session=session, adapter=adapter), new_stats())
     writer = RecordingWriter(args.output, target=args.target) if args.output else None
+    if writer is not None:
+        t.start_recording(writer, args.output)
     out = sys.stdout if args.jsonl == "-" else open(args.jsonl, "x", encoding="utf-8")  # noqa: SIM115
-    stream = Stream(
-        [(args.target, session)],
-        LineWriter(out),
-        window_s=args.window,
-        refresh_hz=args.refresh,
-        on_records=(lambda _i, recs: writer.write(recs)) if writer is not None else None,
-    )
+    stream = Stream([t], LineWriter(out), window_s=args.window, refresh_hz=args.refresh)
     t0 = time.monotonic()
     try:
         rc = stream.run(args.duration)
     finally:
         stream.close()
-        if writer is not None:
-            writer.close()
         if out is not sys.stdout:
             out.close()
     elapsed = time.monotonic() - t0
     if writer is not None:
-        steps = int(stream.targets[0].stats.steps.n)
-        print(f"wrote {args.output}: {writer.records} records ({steps} steps) over {elapsed:.1f} s, "
+        print(f"wrote {args.output}: {writer.records} records ({t.stats.steps.n} steps) over {elapsed:.1f} s, "
               f"{writer.bytes} bytes", file=sys.stderr)  # fmt: skip
     if rc:
         print(
-            f"rltperf record: stopped early after {elapsed:.1f} s: {stream.targets[0].reason}",
+            f"rltperf record: stopped early after {elapsed:.1f} s: {t.end_reason}",
             file=sys.stderr,
         )
     return rc

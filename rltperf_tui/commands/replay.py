@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from engine_adapters.monitor.base import AdapterError
     from engine_adapters.monitor.replay import ReplayAdapter
-    from rltperf_tui.app import TargetSpec
     from rltperf_tui.commands.common import check_recording
+    from rltperf_tui.live.driver import TargetSpec
 
     specs = []
     for f in args.files:

@@ -1,7 +1,7 @@
 """``rltperf watch TARGET… --trigger RULE``: a headless flight recorder for load tests.
 
 Records the unprofiled stream of every target (rotating files, bounded disk), checks
-the trigger rules (``rltperf_tui.triggers``) as records arrive, asks the engine for a
+the trigger rules (``rltperf_tui.live.triggers``) as records arrive, asks the engine for a
 capture when one fires (cooldown, maximum, the engine's snapshot budget respected),
 and at the end (``--duration``, Ctrl-C, or every engine's goodbye) writes
 ``OUT/index.html``: each target's summary, every trigger event with its figures and
@@ -20,20 +20,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_adapters.definitions.records import (
-    Bye,
-    CaptureDone,
-    CaptureFailed,
-    CaptureStarted,
-    Refused,
-    SessionEvent,
-    StepRecord,
-)
-from engine_adapters.monitor.base import AdapterError, Session
+from engine_adapters.definitions.records import Record
+from engine_adapters.monitor.base import AdapterError
 from engine_adapters.monitor.recording import RecordingError, RecordingWriter
-from rltperf_tui.aggregator import TargetStats
 from rltperf_tui.commands.common import Progress, add_target_options, open_session, target_options
-from rltperf_tui.triggers import GRAMMAR, Fire, RuleError, TriggerSet
+from rltperf_tui.live.driver import Ingested, LiveTarget, TargetSpec, capture_targets, new_stats
+from rltperf_tui.live.triggers import GRAMMAR, RuleError, TriggerSet
 
 HELP = "headless flight recorder: record every target, capture when a trigger rule fires, write a report"
 EXIT_WITHOUT_TEARDOWN = True
@@ -118,8 +110,16 @@ class _Rotating:
     removed: list[str] = field(default_factory=list)
     writer: RecordingWriter | None = None
     sizes: dict[str, int] = field(default_factory=dict)
+    _records: int = 0
 
-    def write(self, recs: list[Any]) -> None:
+    @property
+    def records(self) -> int:
+        """Records written into the files still kept and the removed ones."""
+        return self._records
+
+    def write(self, recs: list[Record]) -> None:
+        """Append records, starting a new file (and removing the oldest) as needed."""
+        self._records += len(recs)
         if self.writer is None or self.writer.bytes >= self.part_bytes:
             self._next()
         assert self.writer is not None
@@ -142,30 +142,30 @@ class _Rotating:
             self.removed.append(old)
 
     def flush(self) -> None:
+        """Push the current file's buffered records to the OS."""
         if self.writer is not None:
             self.writer.flush()
 
     def close(self) -> None:
+        """Close the current file."""
         if self.writer is not None:
             self.writer.close()
 
 
-@dataclass
-class _Watched:
-    target: str
-    session: Session
-    stats: TargetStats
-    triggers: TriggerSet
-    rec: _Rotating
-    ended: str = ""
-    pending: dict[str, Fire] = field(default_factory=dict)
-    """capture id -> the fire that asked for it, until its bundle or failure arrives."""
-    events: list[dict[str, Any]] = field(default_factory=list)
-    dropped_events: int = 0
-    """Fires not captured beyond ``MAX_EVENTS`` (counted, not kept: hours of a rule that
-    keeps firing must not grow memory)."""
+class _Watched(LiveTarget):
+    """A target driven by ``watch``: the live driver, its rotating recording and the
+    events of its trigger rules."""
 
-    def note(self, event: dict[str, Any]) -> None:
+    def __init__(self, spec: TargetSpec, triggers: TriggerSet, rec: _Rotating) -> None:
+        super().__init__(spec, new_stats(65536), triggers)
+        self.rec = rec
+        self.start_recording(rec)
+        self.events: list[dict[str, Any]] = []
+        self.dropped_events = 0
+        """Fires not captured beyond ``MAX_EVENTS`` (counted, not kept: hours of a rule that
+        keeps firing must not grow memory)."""
+
+    def keep_event(self, event: dict[str, Any]) -> None:
         """Keep an event; of those not captured only the newest ``MAX_EVENTS``."""
         self.events.append(event)
         if len(self.events) > MAX_EVENTS:
@@ -202,122 +202,83 @@ def run(args: argparse.Namespace) -> int:
     watched: list[_Watched] = []
     try:
         for t in args.targets:
-            _, session = open_session(t, **target_options(args, reconnect=False))
-            stem = _safe(t)
-            watched.append(
-                _Watched(
-                    target=t,
-                    session=session,
-                    stats=TargetStats(capacity=65536),
-                    triggers=TriggerSet.parse(
-                        args.trigger, cooldown_s=args.cooldown, max_captures=args.max_captures
-                    ),
-                    rec=_Rotating(out, stem, t, budget, max(1 << 20, budget // 4)),
-                )
-            )
+            adapter, session = open_session(t, **target_options(args, reconnect=False))
+            rules = TriggerSet.parse(args.trigger, cooldown_s=args.cooldown, max_captures=args.max_captures)
+            rec = _Rotating(out, _safe(t), t, budget, max(1 << 20, budget // 4))
+            watched.append(_Watched(TargetSpec(t, session=session, adapter=adapter), rules, rec))
     except (AdapterError, RecordingError) as exc:
         for w in watched:
-            w.session.close()
+            w.stop_recording()
+            if w.session is not None:
+                w.session.close()
         print(f"rltperf watch: error: {exc}", file=sys.stderr)
         return 1
     prog = Progress(not args.quiet)
     t0 = time.monotonic()
     limit = args.duration if args.duration is not None else float("inf")
     next_window = t0 + 0.5
-    next_flush = t0 + 1.0
+    next_show = t0 + 1.0
     interrupted = False
     try:
         while time.monotonic() - t0 < limit and not all(w.ended for w in watched):
             per = max(0.01, 0.2 / len(watched))
             for w in watched:
-                if w.ended:
-                    continue
-                recs = w.session.read(per)
-                if recs:
-                    _ingest(w, recs, watched, args)
-                if w.session.ended and not w.ended:
-                    w.ended = "session ended"
+                if not w.ended:
+                    _act(w, _poll(w, per), watched, args)
             now = time.monotonic()
             if now >= next_window:
                 next_window = now + 0.5
                 for w in watched:
-                    if w.ended or not w.stats.steps.n:
-                        continue
-                    win = w.stats.window(args.window)
-                    fires = w.triggers.check_window(win, w.stats.vouched_ns, busy=bool(w.pending))
-                    _act(w, fires, watched, args)
-            if now >= next_flush:
-                next_flush = now + 1.0
-                for w in watched:
-                    w.rec.flush()
-                fired = sum(len(w.triggers.fires) for w in watched)
-                caps = sum(w.triggers.captures for w in watched)
+                    if not w.ended and w.stats.steps.n:
+                        _act(w, Ingested(fires=w.check_window(w.stats.window(args.window))), watched, args)
+            if now >= next_show:
+                next_show = now + 1.0
+                fired = sum(len(w.triggers.fires) for w in watched if w.triggers is not None)
+                caps = sum(w.triggers.captures for w in watched if w.triggers is not None)
                 prog.show(
                     f"watching {len(watched)} target(s): {now - t0:5.0f} s, {fired} fires, {caps} captures",
                     key=str(int((now - t0) // 30)),
                 )
         # captures still exporting: give them a bounded moment to land
         deadline = time.monotonic() + 60
-        while any(w.pending for w in watched if not w.ended) and time.monotonic() < deadline:
+        while any(w.triggered for w in watched if not w.ended) and time.monotonic() < deadline:
             for w in watched:
-                if w.pending and not w.ended:
-                    recs = w.session.read(0.2)
-                    if recs:
-                        _ingest(w, recs, watched, args, check=False)
+                if w.triggered and not w.ended:
+                    _act(w, _poll(w, 0.2, check=False), watched, args)
     except KeyboardInterrupt:
         interrupted = True
     finally:
         for w in watched:
-            w.rec.close()
-            w.session.close()
+            w.stop_recording()
+            if w.session is not None:
+                w.session.close()
         prog.done()
     report = write_report(out, watched, args, time.monotonic() - t0, interrupted)
     print(report)
     return 0
 
 
-def _ingest(
-    w: _Watched, recs: list[Any], watched: list[_Watched], args: argparse.Namespace, check: bool = True
-) -> None:
-    keep = [r for r in recs if not isinstance(r, SessionEvent)]
-    if keep:
-        w.rec.write(keep)
-    w.stats.add(recs)
-    steps = [r for r in recs if isinstance(r, StepRecord)]
-    for r in recs:
-        cid = getattr(r, "capture_id", None)
-        if isinstance(r, CaptureDone) and cid in w.pending:
-            f = w.pending.pop(cid)
-            w.note({**f.as_dict(), "capture_id": cid, "bundle": r.bundle, "result": "saved",
-                             "steps_captured": r.steps_captured})  # fmt: skip
-        elif isinstance(r, (CaptureFailed, Refused)) and cid in w.pending:
-            f = w.pending.pop(cid)
-            w.note({**f.as_dict(), "capture_id": cid, "result": "failed", "reason": r.reason})
-        elif isinstance(r, CaptureStarted) and cid in w.pending:
-            w.pending[cid].capture_id = cid
-        elif isinstance(r, Bye):
-            w.ended = r.reason or "engine said goodbye"
-        elif isinstance(r, SessionEvent) and r.state in ("ended", "error"):
-            w.ended = r.detail or r.state
-    if check and steps:
-        _act(w, w.triggers.check_steps(steps, busy=bool(w.pending)), watched, args)
+def _poll(w: _Watched, timeout: float, check: bool = True) -> Ingested:
+    """Read and ingest one batch of ``w``; a recording that failed stops the watch."""
+    got = w.poll(timeout, check=check)
+    if w.recording_error is not None:
+        raise RecordingError(w.recording_error)
+    return got
 
 
-def _act(w: _Watched, fires: list[Fire], watched: list[_Watched], args: argparse.Namespace) -> None:
-    for f in fires:
+def _act(w: _Watched, got: Ingested, watched: list[_Watched], args: argparse.Namespace) -> None:
+    """Note how triggered captures ended, and capture for each fire that may."""
+    for o in got.outcomes:
+        w.keep_event(o.as_dict())
+    for f in got.fires:
         if not f.captured:
-            w.note({**f.as_dict(), "result": "not captured", "reason": f.why_not})
+            w.keep_event({**f.as_dict(), "result": "not captured", "reason": f.why_not})
             continue
-        targets = [x for x in watched if not x.ended] if args.trigger_all else [w]
-        for x in targets:
-            label = f"trigger-{f.rule.figure}"
+        for x in capture_targets(w, watched, args.trigger_all):
             try:
-                cid = x.session.request_capture(args.steps, args.mode, label, trigger=f.info())
+                x.request_capture(args.steps, args.mode, f)
             except AdapterError as exc:
-                x.note({**f.as_dict(), "result": "failed", "reason": str(exc)})
-                continue
-            f.capture_id = cid
-            x.pending[cid] = f
+                x.keep_event({**f.as_dict(), "result": "failed", "reason": str(exc)})
 
 
 def write_report(
@@ -349,7 +310,8 @@ def write_report(
         fig = summ
         sections.append(
             f"<h2>{html.escape(w.target)}</h2>"
-            f"<p>{html.escape(w.triggers.status())}{' · ended: ' + html.escape(w.ended) if w.ended else ''}</p>"
+            f"<p>{html.escape(w.triggers.status() if w.triggers else '')}"
+            f"{' · ended: ' + html.escape(w.end_reason) if w.ended else ''}</p>"
             f"<table><tr><th>steps</th><th>wall s</th><th>step P50/P99 ms</th><th>idle</th><th>MBU</th><th>tokens/s</th></tr>"
             f"<tr><td>{fig['steps']}</td><td>{fig['wall_s']:.1f}</td>"
             f"<td>{_n(fig['step_ms']['p50'])} / {_n(fig['step_ms']['p99'])}</td>"

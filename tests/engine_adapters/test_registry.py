@@ -123,7 +123,7 @@ def test_record_and_summary_of_an_installed_adapter(toy_site: Path, tmp_path: Pa
 def test_the_monitor_attaches_to_an_installed_adapter(toy_site: Path) -> None:
     import asyncio
 
-    from rltperf_tui.app import MonitorApp
+    from rltperf_tui.tui.app import MonitorApp
 
     async def run() -> None:
         app = MonitorApp(["toy://x"], wait=True)

@@ -16,7 +16,7 @@ from engine_adapters.definitions.records import (
     Stats,
     StepRecord,
 )
-from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.live.aggregator import TargetStats
 
 MS = 1_000_000
 

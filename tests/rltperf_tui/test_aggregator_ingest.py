@@ -11,7 +11,7 @@ import types
 import numpy as np
 
 from engine_adapters.definitions.records import DeviceSample, RequestRecord, StepRecord
-from rltperf_tui.aggregator import _KIND_CODE, MAX_DEPTH, MAX_STAGES, TargetStats
+from rltperf_tui.live.aggregator import _KIND_CODE, MAX_DEPTH, MAX_STAGES, TargetStats
 
 
 def reference_add_steps(self: TargetStats, steps: list[StepRecord]) -> None:

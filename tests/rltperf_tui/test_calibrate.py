@@ -17,7 +17,7 @@ import pytest
 
 from engine_adapters.definitions.records import Hello, StepRecord
 from engine_adapters.monitor.tcp import ProbeAdapter
-from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.live.aggregator import TargetStats
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rltperf_tui.elide import cut_at, elide
-from rltperf_tui.widgets._fmt import fit_row
+from rltperf_tui.tui.widgets._fmt import fit_row
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from rltperf_tui.headless import EXIT_TARGETS_ENDED, EXTRA_KEYS
+from rltperf_tui.commands.headless import EXIT_TARGETS_ENDED, EXTRA_KEYS
 from tests.conftest import LOOP_ENGINE, ROOT, EngineProc, run_rltperf, start_engine
 from tests.test_documented_commands import run_tui
 

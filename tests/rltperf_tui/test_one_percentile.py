@@ -9,10 +9,10 @@ import pytest
 
 from engine_adapters.definitions import figures as F
 from engine_adapters.definitions.records import EngineInfo, Hello, SessionEvent, Stats, StepRecord
-from rltperf_tui.aggregator import TargetStats
 from rltperf_tui.analysis import stats as S
 from rltperf_tui.analysis.compare import _metric_values
 from rltperf_tui.analysis.report_steps import summary_ms
+from rltperf_tui.live.aggregator import TargetStats
 
 MS = 1_000_000
 

@@ -21,7 +21,7 @@ import pytest
 from engine_adapters.definitions import figures as F
 from engine_adapters.definitions import roofline
 from engine_adapters.definitions.records import SCHEMA_VERSION, Ceiling, EngineInfo, Hello, StepRecord
-from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.live.aggregator import TargetStats
 
 LAYER = 4 * 2048 * 2048 + 3 * 2048 * 5632 + 4 * 2048
 BLOCK = 24 * LAYER

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rltperf_tui.aggregator import TargetStats
-from rltperf_tui.triggers import RuleError, TriggerSet, parse_rule
+from rltperf_tui.live.aggregator import TargetStats
+from rltperf_tui.live.triggers import RuleError, TriggerSet, parse_rule
 from tests.rltperf_tui.test_aggregator import MS, _hello, _steps
 
 

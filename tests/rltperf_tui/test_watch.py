@@ -88,12 +88,15 @@ def test_a_malformed_rule_is_one_sentence_and_exit_2(rule: str) -> None:
     assert err.startswith("rltperf watch: error:") and "\n" not in err, err
 
 
-def test_events_kept_are_bounded_and_captures_never_dropped() -> None:
-    from rltperf_tui.commands.watch import MAX_EVENTS, _Watched
+def test_events_kept_are_bounded_and_captures_never_dropped(tmp_path: Path) -> None:
+    from rltperf_tui.commands.watch import MAX_EVENTS, _Rotating, _Watched
+    from rltperf_tui.live.driver import TargetSpec
+    from rltperf_tui.live.triggers import TriggerSet
 
-    w = _Watched(target="t", session=None, stats=None, triggers=None, rec=None)  # type: ignore[arg-type]
-    w.note({"result": "saved", "ts_ns": 0})
+    rec = _Rotating(str(tmp_path), "t", "t", 1 << 20, 1 << 20)
+    w = _Watched(TargetSpec("t"), TriggerSet.parse(["step_ms>1"]), rec)
+    w.keep_event({"result": "saved", "ts_ns": 0})
     for i in range(MAX_EVENTS + 500):
-        w.note({"result": "not captured", "ts_ns": i + 1})
+        w.keep_event({"result": "not captured", "ts_ns": i + 1})
     assert len(w.events) == MAX_EVENTS and w.dropped_events == 501
     assert w.events[0]["result"] == "saved" and w.events[-1]["ts_ns"] == MAX_EVENTS + 500

@@ -12,7 +12,7 @@ import pytest
 
 from engine_adapters.definitions.figures import EXCLUDED_FLAGS, owned_from, window_figures
 from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, Bye, RequestRecord, Stats
-from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.live.aggregator import TargetStats
 from tests.rltperf_tui.test_aggregator import MS, _hello, _steps
 
 S = 1000 * MS

@@ -12,8 +12,9 @@ from typing import Any
 from textual.pilot import Pilot
 
 from engine_adapters.monitor.replay import ReplayAdapter
-from rltperf_tui.app import MonitorApp, TargetSpec
-from rltperf_tui.widgets.panel import Panel
+from rltperf_tui.tui.app import MonitorApp, TargetSpec
+from rltperf_tui.tui.widgets.panel import Panel
+from rltperf_tui.tui.widgets.target_column import TargetColumn
 
 DATA = Path(__file__).resolve().parent / "data"
 RECORDING = DATA / "demo.rltrec"
@@ -45,6 +46,20 @@ def panel_text(app: MonitorApp, cls: type[Panel], index: int = 0) -> str:
     return panel.render_text()
 
 
+async def drawn_at_final_size(pilot: Pilot[int]) -> None:
+    """Wait until every target's panels show a view computed for their present sizes (the
+    layout can still be settling after the first frames: a view computed before a resize
+    is drawn until the resize's new view arrives)."""
+    app = pilot.app
+    assert isinstance(app, MonitorApp)
+    cols = [app.query_one(f"#target-{h.index}", TargetColumn) for h in app.handles]
+    await wait_for(
+        pilot,
+        lambda: all(h.view_size == c.view_size() for h, c in zip(app.handles, cols, strict=True)),
+        what="views at the panels' sizes",
+    )
+
+
 async def replay_finished(pilot: Pilot[int]) -> None:
     """``run_before`` for snapshots: every replay read to its end and drawn."""
     app = pilot.app
@@ -53,6 +68,7 @@ async def replay_finished(pilot: Pilot[int]) -> None:
     await wait_for(pilot, lambda: all(h.posted == h.handled for h in app.handles), what="batches handled")
     app.force_render()
     await pilot.pause(0.2)
+    await drawn_at_final_size(pilot)
 
 
 def sync(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:

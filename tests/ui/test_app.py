@@ -16,18 +16,18 @@ import pytest
 from engine_adapters.definitions.records import SCHEMA_VERSION, EngineInfo, Hello, StepRecord
 from engine_adapters.monitor.recording import RecordingWriter, read_all
 from engine_adapters.monitor.replay import ReplayAdapter
-from rltperf_tui.app import MonitorApp, TargetSpec
-from rltperf_tui.screens.help import HelpScreen
-from rltperf_tui.widgets.captures import CapturesPanel
-from rltperf_tui.widgets.device import DevicePanel
-from rltperf_tui.widgets.latency import LatencyPanel
-from rltperf_tui.widgets.loops import LoopsPanel
-from rltperf_tui.widgets.roofline_panel import RooflinePanel
-from rltperf_tui.widgets.status_bar import StatusBar
-from rltperf_tui.widgets.step_timeline import StepTimeline
-from rltperf_tui.widgets.target_header import TargetHeader
+from rltperf_tui.tui.app import MonitorApp, TargetSpec
+from rltperf_tui.tui.screens.help import HelpScreen
+from rltperf_tui.tui.widgets.captures import CapturesPanel
+from rltperf_tui.tui.widgets.device import DevicePanel
+from rltperf_tui.tui.widgets.latency import LatencyPanel
+from rltperf_tui.tui.widgets.loops import LoopsPanel
+from rltperf_tui.tui.widgets.roofline_panel import RooflinePanel
+from rltperf_tui.tui.widgets.status_bar import StatusBar
+from rltperf_tui.tui.widgets.step_timeline import StepTimeline
+from rltperf_tui.tui.widgets.target_header import TargetHeader
 from tests.conftest import LOOP_ENGINE, ROOT, start_engine
-from tests.ui._uihelpers import RECORDING, panel_text, replay_spec, sync, wait_for
+from tests.ui._uihelpers import RECORDING, drawn_at_final_size, panel_text, replay_spec, sync, wait_for
 
 NUM = r"\d+\.\d+"
 MS = r"\d+(?:\.\d+)?"
@@ -246,6 +246,7 @@ async def test_no_color_keeps_stages_apart(monkeypatch: pytest.MonkeyPatch) -> N
         await wait_for(pilot, lambda: app.handles[0].stats.state == "ended", what="end")
         app.force_render()
         await pilot.pause(0.1)
+        await drawn_at_final_size(pilot)
         chart = panel_text(app, StepTimeline)
         assert "▓" in chart and "▒" in chart  # second and third stage glyphs
 
@@ -270,6 +271,7 @@ async def test_timeline_axis_clips_a_rare_outlier_and_names_it(tmp_path: Path) -
         await wait_for(pilot, lambda: app.handles[0].stats.state == "ended", what="end")
         app.force_render()
         await pilot.pause(0.1)
+        await drawn_at_final_size(pilot)
         chart = panel_text(app, StepTimeline)
     top = float(chart.split("ms┤", 1)[0].split()[-1])
     assert 26 <= top <= 100, chart  # the typical columns (20-26 ms), not the 3 s one
@@ -277,8 +279,8 @@ async def test_timeline_axis_clips_a_rare_outlier_and_names_it(tmp_path: Path) -
     # named: the highest bucket mean (the 3 s step shares its bucket with a few 20 ms ones)
     peak = float(chart.split("↑ ", 2)[-1].split(" ms", 1)[0])
     assert peak > 5 * top, chart
-    tl = app.handles[0].stats.timeline(app.timeline_s, 51)
-    assert max(v for v in tl["step_ms"] if v == v) == pytest.approx(peak, rel=0.01)
+    tl = app.query_one(StepTimeline).ctx.stats.timeline  # the buckets the chart drew
+    assert max(v for v in tl.step_ms if v == v) == pytest.approx(peak, rel=0.01)
     rows = chart.splitlines()
     bottom = next(i for i, r in enumerate(rows) if r.strip().startswith("0 ms┤"))
     assert sum(r.count("█") for r in rows[: bottom + 1]) > 150  # the typical columns are tall
@@ -308,7 +310,7 @@ async def test_every_key_is_in_the_command_palette() -> None:
 
 def test_monitor_never_imports_torch() -> None:
     code = (
-        "import sys, rltperf_tui.app, rltperf_tui.screens.help, rltperf_tui.bench.ingest\n"
+        "import sys, rltperf_tui.tui.app, rltperf_tui.tui.screens.help, rltperf_tui.bench.ingest\n"
         "import rltperf_tui.commands.attach, rltperf_tui.commands.demo, rltperf_tui.commands.replay\n"
         "bad = sorted(m for m in ('torch', 'vllm') if m in sys.modules)\n"
         "assert not bad, bad\n"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rltperf_tui.app import HUNG_AFTER_S, MonitorApp
-from rltperf_tui.widgets.device import DevicePanel
-from rltperf_tui.widgets.target_header import TargetHeader
+from rltperf_tui.tui.app import HUNG_AFTER_S, MonitorApp
+from rltperf_tui.tui.widgets.device import DevicePanel
+from rltperf_tui.tui.widgets.target_header import TargetHeader
 from tests.conftest import LOOP_ENGINE, start_engine
 from tests.ui._uihelpers import panel_text, sync, wait_for
 

@@ -13,9 +13,9 @@ from engine_adapters.definitions.records import SCHEMA_VERSION, EngineInfo, Hell
 from engine_adapters.monitor.recording import RecordingWriter
 from engine_adapters.monitor.replay import ReplayAdapter
 from engine_adapters.monitor.vllm.metrics import MfuState, derive, parse_scrape
-from rltperf_tui.app import MonitorApp, TargetSpec
-from rltperf_tui.widgets.server_metrics import ServerMetricsPanel
-from rltperf_tui.widgets.step_timeline import StepTimeline
+from rltperf_tui.tui.app import MonitorApp, TargetSpec
+from rltperf_tui.tui.widgets.server_metrics import ServerMetricsPanel
+from rltperf_tui.tui.widgets.step_timeline import StepTimeline
 from tests.ui._uihelpers import panel_text, sync, wait_for
 
 DATA = Path(__file__).resolve().parents[1] / "engine_adapters" / "vllm" / "data"

@@ -13,11 +13,11 @@ from engine_adapters.definitions.cost import Prices
 from engine_adapters.definitions.records import MetricsSample
 from engine_adapters.monitor.recording import RecordingReader
 from engine_adapters.monitor.replay import ReplayAdapter
-from rltperf_tui.app import MonitorApp, TargetSpec
-from rltperf_tui.widgets.replicas import ReplicaPanel
-from rltperf_tui.widgets.server_metrics import ServerMetricsPanel
-from rltperf_tui.widgets.server_totals import ServerTotalsPanel
-from rltperf_tui.widgets.server_trends import ServerTrendsPanel
+from rltperf_tui.tui.app import MonitorApp, TargetSpec
+from rltperf_tui.tui.widgets.replicas import ReplicaPanel
+from rltperf_tui.tui.widgets.server_metrics import ServerMetricsPanel
+from rltperf_tui.tui.widgets.server_totals import ServerTotalsPanel
+from rltperf_tui.tui.widgets.server_trends import ServerTrendsPanel
 from tests.ui._uihelpers import panel_text, replay_finished, sync
 
 DATA = Path(__file__).resolve().parent / "data"

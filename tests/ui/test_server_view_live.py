@@ -25,9 +25,9 @@ from vllm_fixtures import Load, Server, plugin_missing_reason, start_server, vll
 from engine_adapters.definitions.histograms import markov_bound, pool
 from engine_adapters.definitions.records import MetricsSample
 from engine_adapters.monitor.vllm.adapter import VllmAdapter
-from rltperf_tui.app import MonitorApp, TargetSpec
-from rltperf_tui.widgets.replicas import ReplicaPanel
-from rltperf_tui.widgets.server_trends import ServerTrendsPanel
+from rltperf_tui.tui.app import MonitorApp, TargetSpec
+from rltperf_tui.tui.widgets.replicas import ReplicaPanel
+from rltperf_tui.tui.widgets.server_trends import ServerTrendsPanel
 from tests.ui._uihelpers import panel_text, sync, wait_for
 
 _why = vllm_missing_reason()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine_adapters.definitions.cost import Prices
-from rltperf_tui.app import MonitorApp
+from rltperf_tui.tui.app import MonitorApp
 from tests.ui._uihelpers import replay_finished
 from tests.ui.test_server_view import vllm_spec
 

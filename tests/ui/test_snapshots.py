@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rltperf_tui.app import MonitorApp
+from rltperf_tui.tui.app import MonitorApp
 from tests.ui._uihelpers import replay_finished, replay_spec
 
 

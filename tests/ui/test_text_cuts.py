@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from rltperf_tui.app import MonitorApp
-from rltperf_tui.widgets.panel import Panel
-from rltperf_tui.widgets.step_timeline import StepTimeline
+from rltperf_tui.tui.app import MonitorApp
+from rltperf_tui.tui.widgets.panel import Panel
+from rltperf_tui.tui.widgets.step_timeline import StepTimeline
 from tests.ui._uihelpers import replay_finished, replay_spec, sync, wait_for
 
 CUT_NUMBER = re.compile(r"[\d.]…")
@@ -48,7 +48,7 @@ async def test_no_panel_line_cuts_a_number(size: tuple[int, int]) -> None:
 async def test_status_bar_never_cuts_a_number() -> None:
     """The always-visible status bar, display paused with records arriving, at every
     other width from 60 to 110: a cut is at a word boundary ("+12,3…" was possible)."""
-    from rltperf_tui.widgets.status_bar import StatusBar
+    from rltperf_tui.tui.widgets.status_bar import StatusBar
 
     app = MonitorApp([replay_spec(speed=1.0)])
     async with app.run_test(size=(80, 24)) as pilot:

@@ -104,7 +104,7 @@ def _run(cfg: Any, steps: int | None = None, seconds: float | None = None, captu
 
 def _stats(recs: list[Any], info_loops: int) -> dict[str, Any]:
     from engine_adapters.definitions.records import RequestRecord, StepRecord
-    from rltperf_tui.aggregator import TargetStats
+    from rltperf_tui.live.aggregator import TargetStats
 
     steps = [r for r in recs if isinstance(r, StepRecord)]
     ts = TargetStats(grow=True)

@@ -7,7 +7,7 @@ import pytest
 
 from engine_adapters.reference.engine import EngineConfig
 from engine_adapters.reference.presets import ModelConfig
-from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.live.aggregator import TargetStats
 
 # Compute-bound on the CPU at a batch of 48 (weights fit in cache): time per loop pass
 # follows the tokens in it, so compaction must show up in the per-depth times.

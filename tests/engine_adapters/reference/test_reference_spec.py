@@ -9,7 +9,7 @@ import pytest
 from engine_adapters.reference.engine import Engine, EngineConfig
 from engine_adapters.reference.presets import ModelConfig
 from engine_adapters.reference.spec import expected_accept_len
-from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.live.aggregator import TargetStats
 
 FAST = ModelConfig(
     name="fast", vocab=128, hidden=64, ffn=128, n_heads=2, n_kv_heads=1, head_dim=32,

@@ -24,7 +24,7 @@ from engine_adapters.definitions.records import StepRecord
 from engine_adapters.monitor.recording import read_all
 from engine_adapters.probe import Probe
 from engine_adapters.reference.engine import Engine, EngineConfig
-from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.live.aggregator import TargetStats
 
 ROOT = Path(__file__).resolve().parents[3]
 BLOCK_S = 0.5

@@ -28,8 +28,8 @@ from vllm_fixtures import ROOT, Load, Server, plugin_missing_reason, vllm_missin
 
 from engine_adapters.definitions.records import Hello, StepRecord
 from engine_adapters.monitor.recording import read_all
-from rltperf_tui.aggregator import TargetStats
 from rltperf_tui.analysis import traces
+from rltperf_tui.live.aggregator import TargetStats
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 _why = vllm_missing_reason() or plugin_missing_reason()

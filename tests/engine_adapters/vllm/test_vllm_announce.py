@@ -170,8 +170,8 @@ def test_rltperf_capture_without_profiler_dir(server: Server, tmp_path: Path) ->
 async def test_c_in_the_monitor_captures_and_the_header_names_dtype_and_device(
     server: Server, tmp_path: Path
 ) -> None:
-    from rltperf_tui.app import MonitorApp, TargetSpec
-    from rltperf_tui.widgets.target_header import TargetHeader
+    from rltperf_tui.tui.app import MonitorApp, TargetSpec
+    from rltperf_tui.tui.widgets.target_header import TargetHeader
 
     _announcement(server)
     adapter = VllmAdapter(_target(server), snapshot_root=str(tmp_path / "snaps"), interval=0.5)

@@ -18,7 +18,7 @@ import pytest
 from vllm_fixtures import Load, Server, plugin_missing_reason, start_server, vllm_missing_reason
 
 from engine_adapters.monitor.discover import PortRange, scan
-from rltperf_tui.headless import EXTRA_KEYS
+from rltperf_tui.commands.headless import EXTRA_KEYS
 from tests.conftest import ROOT, run_rltperf
 
 pytestmark = pytest.mark.skipif(vllm_missing_reason() is not None, reason=vllm_missing_reason() or "")

@@ -14,7 +14,7 @@ import pytest
 from engine_adapters.definitions.histograms import capped_percentiles, percentiles, pool, quantile
 from engine_adapters.definitions.records import Ceiling, Hello, HistogramDelta, MetricsSample
 from engine_adapters.monitor.vllm.metrics import MfuState, counters_went_back, derive, parse_scrape
-from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.live.aggregator import TargetStats
 
 DATA = Path(__file__).parent / "data"
 

@@ -48,7 +48,7 @@ from engine_adapters.definitions.records import (
 from engine_adapters.monitor.tcp import ProbeAdapter
 from engine_adapters.monitor.vllm.adapter import VllmAdapter
 from engine_adapters.monitor.vllm.trace_files import STEP_ANNOTATION
-from rltperf_tui.aggregator import TargetStats
+from rltperf_tui.live.aggregator import TargetStats
 
 _why = vllm_missing_reason()
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

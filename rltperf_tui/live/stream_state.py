@@ -1,7 +1,7 @@
 """One target's connection and capture state: what the stream says besides its steps.
 
-``TargetStats`` (``rltperf_tui.aggregator``) composes this with the numpy step windows
-(``rltperf_tui.step_windows``).  Both share one ``StreamClock``: the heartbeats handled
+``TargetStats`` (``rltperf_tui.live.aggregator``) composes this with the numpy step windows
+(``rltperf_tui.live.step_windows``).  Both share one ``StreamClock``: the heartbeats handled
 here and the steps ingested there move the same window end (``w1``), defined in
 ``engine_adapters.definitions.figures``.  No Textual, no numpy.
 """

@@ -1,7 +1,7 @@
 """The numpy column store under the step windows: a ring of step (and request) columns,
 filled a batch at a time, and the running sums that keep the render tick cheap.
 
-Used by ``rltperf_tui.step_windows`` (``TargetStats``'s windows); no Textual.
+Used by ``rltperf_tui.live.step_windows`` (``TargetStats``'s windows); no Textual.
 """
 
 from __future__ import annotations

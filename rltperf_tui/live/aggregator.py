@@ -20,8 +20,8 @@ Profiled, exporting and warm-up steps leave every figure.  Time is data time, no
 monitor's wall clock, so a replay gives the same numbers as the live stream did.
 
 ``TargetStats`` composes two parts sharing one ``StreamClock``: the connection and
-capture state (``rltperf_tui.stream_state``: hello, heartbeats, devices, captures) and
-the numpy step windows (``rltperf_tui.step_windows`` over ``rltperf_tui.step_rings``:
+capture state (``rltperf_tui.live.stream_state``: hello, heartbeats, devices, captures) and
+the numpy step windows (``rltperf_tui.live.step_windows`` over ``rltperf_tui.live.step_rings``:
 ``window()``, ``timeline()``, ``idle_gaps()``...).  Its attributes read and write
 through to the part that keeps them, so callers see one object.
 """
@@ -47,10 +47,10 @@ from engine_adapters.definitions.records import (
 )
 from engine_adapters.definitions.server_history import ServerLifetime, ServerTrends, server_trends
 from engine_adapters.definitions.server_window import METRIC_LATENCIES, MetricsWindow, metrics_window
-from rltperf_tui.step_rings import KIND_CODE as _KIND_CODE  # noqa: F401  (tests import it from here)
-from rltperf_tui.step_rings import MAX_DEPTH, MAX_STAGES, Ring
-from rltperf_tui.step_windows import IdleGap, StepWindows, Window
-from rltperf_tui.stream_state import CaptureView, StreamClock, StreamState
+from rltperf_tui.live.step_rings import KIND_CODE as _KIND_CODE  # noqa: F401  (tests import it from here)
+from rltperf_tui.live.step_rings import MAX_DEPTH, MAX_STAGES, Ring
+from rltperf_tui.live.step_windows import IdleGap, StepWindows, Window
+from rltperf_tui.live.stream_state import CaptureView, StreamClock, StreamState
 
 __all__ = [
     "MAX_DEPTH",
@@ -105,7 +105,7 @@ class TargetStats:
     records: int = 0
     """Records ingested."""
 
-    # connection and capture state (rltperf_tui.stream_state)
+    # connection and capture state (rltperf_tui.live.stream_state)
     info = _Part[EngineInfo | None]("stream")
     hello = _Part[Hello | None]("stream")
     stage_names = _Part[list[str]]("stream")
@@ -127,7 +127,7 @@ class TargetStats:
     vouched_ns = _Part[int]("clock", "The newest moment the data vouches for (the window end).")
     in_step_since_ns = _Part[int]("clock", "The newest heartbeat found a step begun then (0: between steps).")
     last_end_ns = _Part[int | None]("clock", "End of the newest step.")
-    # the step windows (rltperf_tui.step_windows)
+    # the step windows (rltperf_tui.live.step_windows)
     steps = _Part[Ring]("windows", "The step columns (``step_rings.Ring``).")
     reqs = _Part[Ring]("windows", "The request columns (``step_rings.Ring``).")
     id_gaps = _Part[int]("windows")

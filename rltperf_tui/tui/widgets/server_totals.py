@@ -5,8 +5,8 @@ what it cost when prices were given (``engine_adapters.definitions.cost``)."""
 from __future__ import annotations
 
 from engine_adapters.definitions.cost import cost
-from rltperf_tui.widgets._fmt import Lines, ms, num, si
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import Lines, ms, num, si
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 
 def _dur(s: float) -> str:
@@ -55,12 +55,12 @@ class ServerTotalsPanel(Panel):
                     parts.append(f"{short} {'≤' if low else ''}{ms(v)}")
             ln.add(" · ".join(parts) + " ms" if parts else "n/a").nl()
         ln.add("peak       ", "$text-muted")
-        ln.add("running ").add(num(lt.peak_running.value, "{:.0f}"), "bold")
-        ln.add(" · waiting ").add(num(lt.peak_waiting.value, "{:.0f}"), "bold")
-        kv = lt.peak_kv.value
+        ln.add("running ").add(num(lt.peak_running, "{:.0f}"), "bold")
+        ln.add(" · waiting ").add(num(lt.peak_waiting, "{:.0f}"), "bold")
+        kv = lt.peak_kv
         ln.add(" · KV ").add(num(None if kv is None else kv * 100, "{:.1f}", "%"), "bold").nl()
-        ln.add("peak tok/s ", "$text-muted").add("gen ").add(si(lt.peak_gen_tps.value), "bold")
-        ln.add(" · prompt ").add(si(lt.peak_prompt_tps.value), "bold")
+        ln.add("peak tok/s ", "$text-muted").add("gen ").add(si(lt.peak_gen_tps), "bold")
+        ln.add(" · prompt ").add(si(lt.peak_prompt_tps), "bold")
         ln.add("  (over ≥1 s)", "$text-muted").nl()
         prices = ctx.prices
         if prices is not None and prices.any and lt.span_s > 0:

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from engine_adapters.definitions.figures import QUIET_AFTER_S
 from rltperf_tui.elide import elide
-from rltperf_tui.widgets._fmt import Lines, ms, pct, size
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import Lines, ms, pct, size
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
+
+
+def gap_rows(height: int) -> int:
+    """Idle gaps the panel can list at a content ``height`` (without GPU lines), plus one
+    to know there are more (the view keeps this many)."""
+    return max(1, max(1, height) - 3) + 1
 
 
 class DevicePanel(Panel):
@@ -36,7 +42,7 @@ class DevicePanel(Panel):
         else:
             ln.add(f" busy known {w.busy_known_steps:,}/{w.steps:,}", "$text-muted").nl()
         gpus = sorted((k, d) for k, d in st.devices.items() if k[0] == "cuda")
-        nvml = st.gpu_util_mean(ctx.window_s)
+        nvml = st.gpu_util_mean
         ln.add("NVML util ", "$text-muted")
         if nvml is None:
             note = st.device_notes[0] if st.device_notes else "no GPU sampled"
@@ -55,9 +61,9 @@ class DevicePanel(Panel):
             if d.sm_clock_mhz is not None:
                 ln.add(f"{d.sm_clock_mhz:.0f} MHz", "$text-muted")
             ln.nl()
-        thr = st.idle_gap_threshold_ms(ctx.window_s)
+        thr = st.idle_gap_threshold_ms
         room = max(1, height - 3 - len(gpus[:2]))
-        gaps = st.idle_gaps(ctx.window_s, threshold_ms=thr, limit=room + 1)
+        gaps = list(st.idle_gaps[: room + 1])  # newest first
         ln.add(f"idle gaps > {ms(thr)} ms: ", "$text-muted")
         if gaps:
             more = len(gaps) > room

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from rltperf_tui.elide import elide
-from rltperf_tui.widgets._fmt import Lines, bar, size
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import Lines, bar, size
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 STATE_STYLE = {
     "requested": "bold $text-muted",

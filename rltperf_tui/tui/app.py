@@ -2,15 +2,15 @@
 
 Data flow (after Toolong, Dolphie and nvitop; see STYLE.md):
 
-- one thread worker per target reads its adapter session, batches records every
-  ~250 ms and posts **one** ``RecordsBatch`` message per batch (bounded: at most
-  ``MAX_INFLIGHT`` batches wait in the message queue, so a fast replay cannot grow
-  memory without bound);
-- the message handler only appends the batch to the target's ``TargetStats`` (the
-  aggregator ``rltperf summary`` uses too);
-- a render tick (``set_interval``) computes each target's window once and hands it to
-  the panels inside ``app.batch_update()``; a paused display skips the tick while data
-  keeps arriving;
+- one thread worker per target runs the live driver's reader half (``LiveTarget.read``:
+  the session, and the recording if one runs), batches records every ~250 ms and posts
+  **one** ``RecordsBatch`` message per batch (bounded: at most ``MAX_INFLIGHT`` batches
+  wait in the message queue, so a fast replay cannot grow memory without bound);
+- the message handler runs the driver's model half (``LiveTarget.ingest``: the target's
+  ``TargetStats``, the aggregator ``rltperf summary`` uses too, and the step triggers);
+- a render tick (``set_interval``) builds each changed target's window and ``StatsView``
+  (plain values, ``rltperf_tui.live.view``) once and hands them to the panels inside
+  ``app.batch_update()``; a paused display skips the tick while data keeps arriving;
 - worker errors end in one ``Worker.StateChanged`` handler that turns them into a
   notification and marks the target.
 
@@ -24,29 +24,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
-from textual.app import ComposeResult, SystemCommand
+from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.notifications import SeverityLevel
-from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from engine_adapters.definitions.cost import Prices
-from engine_adapters.definitions.records import (
-    Ceiling,
-    StepRecord,
-)
-from engine_adapters.monitor.base import ReplayControl
 from rltperf_tui import tune_gc_for_ingest
-from rltperf_tui.aggregator import TargetStats
-from rltperf_tui.app_actions import MonitorActions
-from rltperf_tui.targets import (
+from rltperf_tui.live.driver import new_stats, peak_override
+from rltperf_tui.live.triggers import TriggerSet
+from rltperf_tui.live.view import replica_view, stats_view
+from rltperf_tui.tui.app_actions import MonitorActions
+from rltperf_tui.tui.targets import (
     HUNG_AFTER_S,
     CaptureRequested,
     RecordsBatch,
@@ -55,11 +51,10 @@ from rltperf_tui.targets import (
     TargetSpec,
     ingest,
 )
-from rltperf_tui.triggers import STEP_FIGURES, TriggerSet
-from rltperf_tui.widgets.panel import PanelContext
-from rltperf_tui.widgets.replicas import ReplicaPanel, ReplicaView
-from rltperf_tui.widgets.status_bar import StatusBar, StatusInfo
-from rltperf_tui.widgets.target_column import TargetColumn
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets.replicas import ReplicaPanel
+from rltperf_tui.tui.widgets.status_bar import StatusBar, StatusInfo
+from rltperf_tui.tui.widgets.target_column import TargetColumn
 
 __all__ = ["HUNG_AFTER_S", "MonitorApp", "TargetSpec"]
 """Names other modules import from here (the targets' types live in ``targets.py``)."""
@@ -128,25 +123,19 @@ class MonitorApp(MonitorActions):
         self.child_problem: str | None = None
         self.display_paused = False
         self.paused_records = 0
-        override = None
-        if peak_gbps is not None or peak_gflops is not None:
-            override = Ceiling(
-                device="", peak_bw_gbps=peak_gbps, peak_gflops=peak_gflops, source="--peak-gbps flag"
-            )
+        override = peak_override(peak_gbps, peak_gflops)
         self.handles: list[TargetHandle] = []
         for i, t in enumerate(targets):
             spec = t if isinstance(t, TargetSpec) else TargetSpec(target=t)
-            stats = TargetStats(capacity=max(1024, history_steps), peak_override=override)
+            stats = new_stats(history_steps, override)
             if spec.session is None:
                 stats.state_detail = f"connecting to {spec.target}"
-            handle = TargetHandle(i, spec, stats)
-            if triggers:
-                handle.triggers = TriggerSet.parse(
-                    triggers, cooldown_s=trigger_cooldown_s, max_captures=trigger_max
-                )
-                # a recording shows where the rules fire; only a live engine can capture
-                handle.triggers.can_capture = handle.live
-            self.handles.append(handle)
+            rules = (
+                TriggerSet.parse(triggers, cooldown_s=trigger_cooldown_s, max_captures=trigger_max)
+                if triggers
+                else None
+            )
+            self.handles.append(TargetHandle(i, spec, stats, rules))
         self.trigger_all = trigger_all
         self.prices = prices
         """Prices for the cost figures of metrics targets (``--cost-in`` ...), if given."""
@@ -192,20 +181,13 @@ class MonitorApp(MonitorActions):
         self.set_interval(1.0 / self.refresh_hz, self.render_tick)
         self.render_tick()
 
-    # -- ingest (worker thread) ---------------------------------------------------------------
-
     # -- messages (UI thread) -----------------------------------------------------------------
 
     def on_records_batch(self, message: RecordsBatch) -> None:
         h = self.handles[message.index]
         h.last_heard = time.monotonic()
-        trig = h.triggers
         try:
-            h.stats.add(message.records)
-            if trig is not None and any(r.figure in STEP_FIGURES for r in trig.rules):
-                steps = [r for r in message.records if isinstance(r, StepRecord)]
-                if steps:
-                    self._act_on_fires(h, trig.check_steps(steps, busy=self._capture_running(h)))
+            self._act_on_fires(h, h.ingest(message.records, final=message.final).fires)
         finally:
             if message.slot:
                 h.handled += 1
@@ -216,12 +198,13 @@ class MonitorApp(MonitorActions):
 
     def on_capture_requested(self, message: CaptureRequested) -> None:
         h = self.handles[message.index]
-        if message.capture_id not in h.stats.captures:  # the engine's reply may be in first
-            h.stats.note_capture_request(
-                message.capture_id, message.mode, message.steps, time.perf_counter_ns()
+        if message.capture_id is None:
+            h.capture_not_sent()
+            self.notify(
+                f"capture not requested: {message.error}", title=h.target, severity="error", timeout=8
             )
-        if message.trigger:
-            h.stats.captures[message.capture_id].trigger = message.trigger
+        else:
+            h.capture_sent(message.capture_id, message.mode, message.steps, message.fire)
         h.dirty = True
 
     def on_target_problem(self, message: TargetProblem) -> None:
@@ -260,11 +243,10 @@ class MonitorApp(MonitorActions):
             if self.display_paused:
                 return
             for h, col in zip(self.handles, self._columns, strict=False):
-                busy = any(c.state in ("armed", "capturing", "exporting") for c in h.stats.captures.values())
-                if not (h.dirty or busy or self._silent_s(h, now) is not None):
+                if not (h.dirty or h.capture_busy or self._silent_s(h, now) is not None):
                     continue
                 h.dirty = False
-                col.show(self._panel_context(h, now))
+                col.show(self._panel_context(h, col, now))
             self._show_replicas()
 
     def _metrics_targets(self) -> list[TargetHandle]:
@@ -284,8 +266,9 @@ class MonitorApp(MonitorActions):
         if panel.display != shown:
             panel.display = shown
         if shown:
-            view = ReplicaView([h.target for h in reps], [h.stats.metrics for h in reps], self.window_s)
-            panel.show_replicas(view)
+            panel.show_replicas(
+                replica_view([h.target for h in reps], [h.stats for h in reps], self.window_s)
+            )
 
     def _silent_s(self, h: TargetHandle, now: float) -> float | None:
         """Seconds since a connected live target that sends heartbeats (a probe: about
@@ -298,16 +281,18 @@ class MonitorApp(MonitorActions):
         silent = now - h.last_heard
         return silent if silent > HUNG_AFTER_S else None
 
-    def _panel_context(self, h: TargetHandle, now: float) -> PanelContext:
+    def _panel_context(self, h: TargetHandle, col: TargetColumn, now: float) -> PanelContext:
+        """This tick's values for ``h``'s panels (the window rules are checked on its window)."""
         st = h.stats
+        h.view_size = col.view_size()
         window = st.window(self.window_s, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms)
+        silent = self._silent_s(h, now)
+        if silent is None:  # a hung target's window is stale
+            self._act_on_fires(h, h.check_window(window))
         trig = h.triggers
-        window_rules = trig is not None and any(not r.per_step for r in trig.rules)
-        if trig is not None and window_rules and h.live and st.steps.n and self._silent_s(h, now) is None:
-            self._act_on_fires(h, trig.check_window(window, st.vouched_ns, busy=self._capture_running(h)))
         return PanelContext(
             target=h.target,
-            stats=st,
+            stats=stats_view(st, self.window_s, self.timeline_s, h.view_size),
             window=window,
             window_s=self.window_s,
             timeline_s=self.timeline_s,
@@ -318,15 +303,26 @@ class MonitorApp(MonitorActions):
             supports_capture=h.supports_capture,
             note=h.note,
             mono_now=now,
-            exporting_seen=h.exporting_seen,
+            exporting_seen=dict(h.exporting_seen),
             recording=h.recording_path,
             replay=h.replay_text(),
             waiting_text=h.spec.waiting_text,
-            silent_s=self._silent_s(h, now),
+            silent_s=silent,
             triggers=trig.status() if trig is not None else None,
-            fire_marks=list(h.fire_marks),
+            fire_marks=tuple(h.fire_marks),
             prices=self.prices,
+            no_color=self.no_color,
         )
+
+    def on_panel_resized(self, message: Panel.Resized) -> None:
+        """A panel changed size: a target whose panels now draw at other sizes than its
+        view was computed for gets a new view at once (the others keep theirs)."""
+        if self.display_paused:
+            return
+        now = time.monotonic()
+        for h, col in zip(self.handles, self._columns, strict=False):
+            if h.view_size is not None and col.view_size() != h.view_size:
+                col.show(self._panel_context(h, col, now))
 
     def _status(self) -> StatusInfo:
         replays = [t for t in (h.replay_text() for h in self.handles) if t]
@@ -395,50 +391,6 @@ class MonitorApp(MonitorActions):
 
     # -- actions -----------------------------------------------------------------------------
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("replay_pause", "replay_speed"):
-            return any(not h.live for h in self.handles)
-        if action == "toggle_replicas":
-            return self._several_replicas
-        if action == "toggle_record":
-            return any(h.live for h in self.handles)
-        return True
-
-    def action_toggle_replicas(self) -> None:
-        """Show or hide the replica table (two or more metrics targets)."""
-        self.show_replicas = not self.show_replicas
-        self.force_render()
-
-    def action_toggle_pause(self) -> None:
-        """Pause or resume the display (data keeps arriving)."""
-        self.display_paused = not self.display_paused
-        self.paused_records = 0
-        self.force_render()
-
-    def action_replay_pause(self) -> None:
-        """Play or pause every replayed recording."""
-        for h in self.handles:
-            if not h.live and isinstance(h.session, ReplayControl):
-                h.session.toggle_pause()
-        self.force_render()
-
-    def action_replay_speed(self, factor: float) -> None:
-        """Multiply the replay speed by ``factor`` (0 = as fast as read stays 0)."""
-        for h in self.handles:
-            s = h.session
-            if h.live or not isinstance(s, ReplayControl):
-                continue
-            speed = float(s.speed)
-            if speed > 0:
-                s.set_speed(min(256.0, max(1 / 64, speed * factor)))
-        self.force_render()
-
-    def action_help(self) -> None:
-        """Show what every panel and number means."""
-        from rltperf_tui.screens.help import HelpScreen
-
-        self.push_screen(HelpScreen())
-
     async def action_quit(self) -> None:
         """Stop recordings, close every session and leave.
 
@@ -448,33 +400,6 @@ class MonitorApp(MonitorActions):
         workers already ending and no poller is still using the CPU."""
         self.close_all()
         self.exit(0)
-
-    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        yield SystemCommand("Capture ops-only", f"profile N={self.capture_steps} steps, ops only (c)",
-                            partial(self.action_capture, "ops"))  # fmt: skip
-        yield SystemCommand("Capture full", f"profile N={self.capture_steps} steps with shapes, memory, stacks (f)",
-                            partial(self.action_capture, "full"))  # fmt: skip
-        yield SystemCommand("Halve capture length", "N / 2 ([)", self.action_halve_steps)
-        yield SystemCommand("Double capture length", "N x 2 (])", self.action_double_steps)
-        yield SystemCommand(
-            "Pause display", "freeze the screen; data still arrives (space)", self.action_toggle_pause
-        )
-        if any(h.live for h in self.handles):
-            yield SystemCommand(
-                "Record stream", "start/stop recording to .rltrec files (r)", self.action_toggle_record
-            )
-        if any(not h.live for h in self.handles):
-            yield SystemCommand(
-                "Replay play/pause", "pause or resume the recording (p)", self.action_replay_pause
-            )
-            yield SystemCommand(
-                "Replay faster", "double the replay speed (+)", partial(self.action_replay_speed, 2.0)
-            )
-            yield SystemCommand(
-                "Replay slower", "halve the replay speed (-)", partial(self.action_replay_speed, 0.5)
-            )
-        yield SystemCommand("Help", "what every panel and number means (?)", self.action_help)
 
     # -- shutdown ----------------------------------------------------------------------------
 
@@ -496,10 +421,7 @@ class MonitorApp(MonitorActions):
         """Stop recordings, cancel workers and close sessions (idempotent; never waits
         on a target: each session's ``close()`` is bounded)."""
         for h in self.handles:
-            with h.rec_lock:
-                w, h.recorder = h.recorder, None
-            if w is not None:
-                w.close()
+            h.stop_recording()
         self.workers.cancel_all()
         for h in self.handles:
             if h.session is not None:

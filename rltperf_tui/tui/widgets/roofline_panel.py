@@ -3,8 +3,8 @@ arithmetic intensity against machine balance, the verdict, ceiling vs measured s
 
 from __future__ import annotations
 
-from rltperf_tui.widgets._fmt import Lines, ms, num, pct
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import Lines, ms, num, pct
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 VERDICT_STYLE = {
     "memory-bound": "bold $primary",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from textual.content import Content
 from textual.widget import Widget
 
-from rltperf_tui.widgets._fmt import Lines, fit_row
+from rltperf_tui.tui.widgets._fmt import Lines, fit_row
 
 
 @dataclass

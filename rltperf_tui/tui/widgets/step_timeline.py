@@ -13,11 +13,17 @@ import math
 
 import numpy as np
 
-from rltperf_tui.widgets._fmt import BLOCKS, STAGE_COLORS, STAGE_GLYPHS, Lines, ms, spark
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import BLOCKS, STAGE_COLORS, STAGE_GLYPHS, Lines, ms, spark
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 AXIS_W = 9
 """Columns of the y-axis labels."""
+
+
+def timeline_columns(width: int) -> int:
+    """Buckets the chart draws at a content ``width`` (one a column; the view is computed
+    with this many)."""
+    return max(8, max(10, width) - AXIS_W - 1)
 
 
 def _nice_top(v: float) -> float:
@@ -44,22 +50,23 @@ class StepTimeline(Panel):
 
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         st = ctx.stats
-        cols = max(8, width - AXIS_W - 1)
         legend_rows = 2 if height >= 8 else 1
         chart_h = max(2, height - 2 - legend_rows)  # gap row + x axis + legend
-        tl = st.timeline(ctx.timeline_s, cols)
-        stage_ms: dict[str, list[float]] = tl["stage_ms"]
-        step_ms: list[float] = tl["step_ms"]
-        gap_ms: list[float] = tl["gap_ms"]
-        names = [n for n in st.stage_names if n in stage_ms]
-        if not any(tl["steps"]):
+        tl = st.timeline
+        if tl is None or not any(tl.steps):
             ln = Lines()
             ln.add("no steps in the last " + f"{ctx.timeline_s:g} s", "$text-muted")
             if st.state != "connected":
                 shown = "waiting" if st.state == "reconnecting" and st.hello is None else st.state
                 ln.add(f" (target {shown})", "$text-muted")
             return ln
-        no_color = self.app.no_color
+        # the view's buckets: computed for this width (after a resize, until the next view)
+        cols = len(tl.step_ms)
+        stage_ms = tl.stage_ms
+        step_ms = tl.step_ms
+        gap_ms = tl.gap_ms
+        names = [n for n in st.stage_names if n in stage_ms]
+        no_color = ctx.no_color
         idx = {n: st.stage_names.index(n) for n in names}
         # Stage stacks per column (rows: stages in order, then "other": the part of the
         # step no stage covers, when over 2 %), in eighths of a cell; numpy over columns.
@@ -130,10 +137,10 @@ class StepTimeline(Panel):
         # buckets that held profiled/exporting steps (P) or a trigger's fire (▲) are
         # marked on the gap row: their figures are not the engine's baseline
         gap_cells = list(spark(gap_ms, gmax))
-        marks = st.flagged_buckets(tl["t0_ns"], tl["bucket_s"], cols)
-        bucket_ns = tl["bucket_s"] * 1e9
+        marks = tl.flagged.copy()
+        bucket_ns = tl.bucket_s * 1e9
         for t in ctx.fire_marks:
-            c = int((t - tl["t0_ns"]) // bucket_ns)
+            c = int((t - tl.t0_ns) // bucket_ns)
             if 0 <= c < cols:
                 marks[c] = 2
         if marks.any():

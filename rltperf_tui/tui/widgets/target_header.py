@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from engine_adapters.definitions.figures import QUIET_AFTER_S
-from rltperf_tui.widgets._fmt import NA, Lines, ms, pct, si
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import NA, Lines, ms, pct, si
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 STATE_STYLE = {
     "connected": "bold $success",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rltperf_tui.widgets._fmt import Lines, ms, num, si
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import Lines, ms, num, si
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 
 class LatencyPanel(Panel):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rltperf_tui.widgets._fmt import NA, Lines, is_num, pct, size
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import NA, Lines, is_num, pct, size
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 
 def _int(v: float | int | None) -> str:
@@ -22,7 +22,7 @@ class QueuePanel(Panel):
 
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         st = ctx.stats
-        kv = st.latest_kv()
+        kv = st.kv
         ln = Lines()
         ln.add("waiting  ", "$text-muted").add(_int(kv.get("waiting")), "bold")
         ln.add("  running ", "$text-muted").add(_int(kv.get("running")), "bold")

@@ -1,7 +1,7 @@
 """What a window query of ``TargetStats`` returns: ``Window`` (every figure of one window,
 as the screen, ``summary --json`` and the triggers read it) and ``IdleGap``.
 
-Computed in ``rltperf_tui.step_windows``; the definitions are in
+Computed in ``rltperf_tui.live.step_windows``; the definitions are in
 ``engine_adapters.definitions.figures`` (docs/ARCHITECTURE.md, "Where each figure is defined").
 """
 

@@ -10,19 +10,21 @@ from __future__ import annotations
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
+from textual.css.query import NoMatches
 
-from rltperf_tui.widgets.captures import CapturesPanel
-from rltperf_tui.widgets.device import DevicePanel
-from rltperf_tui.widgets.latency import LatencyPanel
-from rltperf_tui.widgets.loops import LoopsPanel
-from rltperf_tui.widgets.panel import Panel, PanelContext
-from rltperf_tui.widgets.queue_kv import QueuePanel
-from rltperf_tui.widgets.roofline_panel import RooflinePanel
-from rltperf_tui.widgets.server_metrics import ServerMetricsPanel
-from rltperf_tui.widgets.server_totals import ServerTotalsPanel
-from rltperf_tui.widgets.server_trends import ServerTrendsPanel
-from rltperf_tui.widgets.step_timeline import StepTimeline
-from rltperf_tui.widgets.target_header import TargetHeader
+from rltperf_tui.live.view import ViewSize
+from rltperf_tui.tui.widgets.captures import CapturesPanel
+from rltperf_tui.tui.widgets.device import DevicePanel, gap_rows
+from rltperf_tui.tui.widgets.latency import LatencyPanel
+from rltperf_tui.tui.widgets.loops import LoopsPanel
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets.queue_kv import QueuePanel
+from rltperf_tui.tui.widgets.roofline_panel import RooflinePanel
+from rltperf_tui.tui.widgets.server_metrics import ServerMetricsPanel
+from rltperf_tui.tui.widgets.server_totals import ServerTotalsPanel
+from rltperf_tui.tui.widgets.server_trends import ServerTrendsPanel, trend_cells
+from rltperf_tui.tui.widgets.step_timeline import StepTimeline, timeline_columns
+from rltperf_tui.tui.widgets.target_header import TargetHeader
 
 WIDE_AT = 100
 """Column width (cells) from which the panels go in two stacks."""
@@ -63,13 +65,28 @@ class TargetColumn(VerticalScroll):
     def on_mount(self) -> None:
         self.set_class(self.size.width >= WIDE_AT, "-wide")
 
+    def view_size(self) -> ViewSize:
+        """The sizes this column's panels draw at now (defaults for one not laid out)."""
+        d = ViewSize()
+        try:
+            tl = self.query_one(StepTimeline).content_size
+            dev = self.query_one(DevicePanel).content_size
+            tr = self.query_one(ServerTrendsPanel).content_size
+        except NoMatches:  # not composed yet, or being taken down
+            return d
+        return ViewSize(
+            timeline_cols=timeline_columns(tl.width) if tl.width > 0 else d.timeline_cols,
+            idle_gap_rows=gap_rows(dev.height) if dev.height > 0 else d.idle_gap_rows,
+            trend_cols=trend_cells(tr.width) if tr.width > 0 else d.trend_cols,
+        )
+
     def show(self, ctx: PanelContext) -> None:
         """Hand the tick's data to every panel shown."""
         if self._panels is None:
             self._panels = list(self.query(Panel))
         # A metrics endpoint (vllm+http://) sends no step records: its column shows the
         # server-metrics panel instead of the step-based ones (class -metrics in app.tcss).
-        metrics_only = bool(ctx.stats.metrics) and len(ctx.stats.steps) == 0
+        metrics_only = ctx.stats.metrics_only
         if metrics_only != self.has_class("-metrics"):
             self.set_class(metrics_only, "-metrics")
         for panel in self._panels:

@@ -27,10 +27,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import IO, Any
 
-from engine_adapters.definitions.records import Ceiling, Record, SessionEvent
-from engine_adapters.monitor.base import Session
-from rltperf_tui.aggregator import TargetStats
 from rltperf_tui.analysis.summary import summarize
+from rltperf_tui.live.driver import LiveTarget
 
 EXIT_TARGETS_ENDED = 1
 """Exit status when every target went away (each one's last object says why)."""
@@ -90,66 +88,30 @@ class LineWriter:
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-class Target:
-    """One target's session and aggregate in the stream."""
-
-    def __init__(self, name: str, session: Session, stats: TargetStats) -> None:
-        self.name = name
-        self.session = session
-        self.stats = stats
-        self.ended = False
-        self.reason = ""
-
-    def read(self, timeout: float) -> list[Record]:
-        recs = self.session.read(timeout)
-        if recs:
-            self.stats.add(recs)
-            for r in recs:
-                if isinstance(r, SessionEvent) and r.state == "ended":
-                    self.reason = r.detail or "the target ended"
-        if self.session.ended and not self.ended:
-            self.ended = True
-            self.reason = self.reason or self.stats.state_detail or "the target ended"
-        return recs
-
-
 class Stream:
-    """Targets read in turn; every ``1 / refresh_hz`` seconds an object per target."""
+    """Targets read in turn (each a ``LiveTarget``: its recording, if one runs, is written
+    as it is read); every ``1 / refresh_hz`` seconds an object per target."""
 
     def __init__(
         self,
-        sessions: Sequence[tuple[str, Session]],
+        targets: Sequence[LiveTarget],
         out: LineWriter,
         *,
         window_s: float = 10.0,
         refresh_hz: float = 2.0,
         slo_ttft_ms: float | None = None,
         slo_tpot_ms: float | None = None,
-        peak_gbps: float | None = None,
-        peak_gflops: float | None = None,
-        history_steps: int = 32768,
-        on_records: Callable[[int, list[Record]], None] | None = None,
     ) -> None:
-        override = None
-        if peak_gbps is not None or peak_gflops is not None:
-            override = Ceiling(
-                device="", peak_bw_gbps=peak_gbps, peak_gflops=peak_gflops, source="--peak-gbps flag"
-            )
-        self.targets = [
-            Target(name, s, TargetStats(capacity=max(1024, history_steps), peak_override=override))
-            for name, s in sessions
-        ]
+        self.targets = list(targets)
         self.out = out
         self.window_s = window_s
         self.period = 1.0 / refresh_hz
         self.slo = (slo_ttft_ms, slo_tpot_ms)
-        self.on_records = on_records
-        """Called with (target index, records) as they arrive (``record`` writes them)."""
 
-    def object_for(self, t: Target, reason: str | None = None) -> dict[str, Any]:
+    def object_for(self, t: LiveTarget, reason: str | None = None) -> dict[str, Any]:
         """The stream object of one target now (``summary --json``'s keys + ``EXTRA_KEYS``)."""
         summary = summarize(t.stats, self.slo[0], self.slo[1], window_s=self.window_s)
-        head: dict[str, Any] = {"target": t.name, "timestamp": _utc_now(), "state": t.stats.state}
+        head: dict[str, Any] = {"target": t.target, "timestamp": _utc_now(), "state": t.stats.state}
         if reason is not None:
             head["state"] = "ended"
             head["reason"] = reason
@@ -166,13 +128,11 @@ class Stream:
                 live = [t for t in self.targets if not t.ended]
                 now = time.monotonic()
                 each = max(0.005, min(READ_S, (next_tick - now) / max(1, len(live))))
-                for i, t in enumerate(self.targets):
+                for t in self.targets:
                     if t.ended:
                         continue
-                    recs = t.read(each)
-                    if recs and self.on_records is not None:
-                        self.on_records(i, recs)
-                    if t.ended and not self.out.write(self.object_for(t, t.reason)):
+                    t.poll(each)
+                    if t.ended and not self.out.write(self.object_for(t, t.end_reason)):
                         return 0
                 if all(t.ended for t in self.targets):
                     return EXIT_TARGETS_ENDED
@@ -195,9 +155,12 @@ class Stream:
             signal.signal(signal.SIGTERM, old_term)
 
     def close(self) -> None:
+        """Stop each target's recording and close its session."""
         for t in self.targets:
-            with contextlib.suppress(Exception):
-                t.session.close()
+            t.stop_recording()
+            if t.session is not None:
+                with contextlib.suppress(Exception):
+                    t.session.close()
 
 
 def _sigterm_as_interrupt() -> Any:

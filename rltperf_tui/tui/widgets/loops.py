@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rltperf_tui.widgets._fmt import Lines, ms, num, pct
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import Lines, ms, num, pct
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 
 class LoopsPanel(Panel):
@@ -18,7 +18,7 @@ class LoopsPanel(Panel):
 
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         w = ctx.window
-        kv = ctx.stats.latest_kv().get("kv_per_depth") or []
+        kv = ctx.stats.kv.get("kv_per_depth") or []
         ln = Lines()
         hist = w.exit_hist
         total = sum(hist)

@@ -1,8 +1,8 @@
 """The step windows: a target's steps and requests in numpy rings, and every per-window
 statistic drawn from them (``window()``, ``timeline()``, ``idle_gaps()``...).
 
-``TargetStats`` (``rltperf_tui.aggregator``) composes this with the connection and
-capture state (``rltperf_tui.stream_state``); the two share one ``StreamClock``.
+``TargetStats`` (``rltperf_tui.live.aggregator``) composes this with the connection and
+capture state (``rltperf_tui.live.stream_state``); the two share one ``StreamClock``.
 Metric definitions: the window rates (idle, MBU, tokens/s, steps/s, goodput) are
 ``engine_adapters.definitions.figures``'s, the percentiles of pooled samples are its
 ``pct()``; docs/ARCHITECTURE.md says where each figure is defined.  No Textual.
@@ -26,7 +26,7 @@ from engine_adapters.definitions.records import (
     RequestRecord,
     StepRecord,
 )
-from rltperf_tui.step_rings import (
+from rltperf_tui.live.step_rings import (
     MAX_DEPTH,
     MAX_STAGES,
     REQ_COLS,
@@ -37,8 +37,8 @@ from rltperf_tui.step_rings import (
     request_columns,
     step_columns,
 )
-from rltperf_tui.stream_state import StreamClock
-from rltperf_tui.window_stats import IdleGap, Window
+from rltperf_tui.live.stream_state import StreamClock
+from rltperf_tui.live.window_stats import IdleGap, Window
 
 
 class StepWindows:

@@ -10,8 +10,8 @@ MBU from the server's own byte estimate carries its caveat (vLLM counts
 from __future__ import annotations
 
 from engine_adapters.definitions.cost import cost
-from rltperf_tui.widgets._fmt import NA, Lines, bar, ms, num, si
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import NA, Lines, bar, ms, num, si
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 _LATENCIES = (
     ("ttft", "TTFT"),
@@ -41,7 +41,7 @@ class ServerMetricsPanel(Panel):
 
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         ln = Lines()
-        m = ctx.stats.metrics_window(ctx.window_s)
+        m = ctx.stats.metrics
         if m is None:
             ln.add("no metrics scraped yet", "$text-muted")
             return ln

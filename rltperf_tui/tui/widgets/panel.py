@@ -1,37 +1,38 @@
 """The base of every panel, and the per-target context the render tick hands them.
 
-A panel keeps the newest ``PanelContext`` and draws itself from it line by line, so
-a resize redraws at the new width without new data, and an update is one ``refresh()``
-(no layout pass: panel heights are fixed in ``app.tcss``).
+A panel keeps the newest ``PanelContext`` (plain values: the target's ``StatsView`` and
+``Window`` of this tick, and the screen's settings) and draws itself from it line by
+line: ``body`` reads nothing else, so it can be called as a function of its input.  An
+update is one ``refresh()`` (no layout pass: panel heights are fixed in ``app.tcss``); a
+resize redraws what the panel has, and asks for a view at the new size (``Resized``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from rich.segment import Segment
 from rich.style import Style as RichStyle
 from textual.geometry import Region
+from textual.message import Message
 from textual.strip import Strip
 from textual.style import Style as VisualStyle
 from textual.widget import Widget
 
-from rltperf_tui.widgets._fmt import Lines, Row, fit_row
+from engine_adapters.definitions.cost import Prices
+from rltperf_tui.live.view import StatsView
+from rltperf_tui.live.window_stats import Window
+from rltperf_tui.tui.widgets._fmt import Lines, Row, fit_row
 
-if TYPE_CHECKING:
-    from engine_adapters.definitions.cost import Prices
-    from rltperf_tui.aggregator import TargetStats, Window
 
-
-@dataclass
+@dataclass(frozen=True)
 class PanelContext:
-    """What one render tick knows about one target."""
+    """What one render tick knows about one target: plain values, built once per tick."""
 
     target: str
     """The target as the user gave it."""
-    stats: TargetStats
-    """The target's aggregator."""
+    stats: StatsView
+    """The target's aggregate at this tick (``rltperf_tui.live.view.stats_view``)."""
     window: Window
     """Statistics over the last ``window_s`` seconds of data time."""
     window_s: float
@@ -63,14 +64,16 @@ class PanelContext:
     (the demo: "starting the engine")."""
     triggers: str | None = None
     """The trigger rules' state line (``--trigger``), or None without triggers."""
-    fire_marks: list[int] = field(default_factory=list)
-    """Probe times at which a trigger asked for a capture."""
+    fire_marks: tuple[int, ...] = ()
+    """Probe times at which a trigger rule fired."""
     silent_s: float | None = None
     """Seconds this connected live target has sent nothing, not even its heartbeat, when
     that is longer than a heartbeat allows (hung or cut off); None otherwise.  The
     figures shown are then those of the last data, marked stale."""
     prices: Prices | None = None
     """Prices for the cost figures (``--cost-in/--cost-out/--gpu-cost-hour``), if given."""
+    no_color: bool = False
+    """Draw without colour (``NO_COLOR``): charts tell their parts apart by glyph."""
 
 
 _WAITING: Row = (("waiting for data…", "$text-muted"),)
@@ -93,6 +96,9 @@ class Panel(Widget):
         padding: 0 1;
     }
     """
+
+    class Resized(Message):
+        """A panel's size changed: what it shows was computed for the old size."""
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
@@ -151,6 +157,7 @@ class Panel(Widget):
 
     def on_resize(self) -> None:
         self._rebuild(full=True)
+        self.post_message(self.Resized())
 
     def notify_style_update(self) -> None:
         super().notify_style_update()

@@ -9,8 +9,8 @@ finished), never a zero.
 
 from __future__ import annotations
 
-from rltperf_tui.widgets._fmt import Lines, ms, num, si, spark
-from rltperf_tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets._fmt import Lines, ms, num, si, spark
+from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
 LABEL_W = 13
 NUM_W = 8
@@ -30,6 +30,11 @@ def fmt(kind: str, key: str, v: float | None, bounded: bool = False) -> str:
     return num(v, "{:.0f}")
 
 
+def trend_cells(width: int) -> int:
+    """Columns of the trend lines at a content ``width`` (the view is computed with this many)."""
+    return max(8, max(10, width) - LABEL_W - 1 - 3 * NUM_W)
+
+
 class ServerTrendsPanel(Panel):
     """Sparklines of running, waiting, KV %, token rates and latency P95s over the timeline."""
 
@@ -42,8 +47,8 @@ class ServerTrendsPanel(Panel):
 
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         ln = Lines()
-        cells = max(8, width - LABEL_W - 1 - 3 * NUM_W)
-        tr = ctx.stats.server_trends(ctx.timeline_s, cells)
+        cells = trend_cells(width)
+        tr = ctx.stats.trends
         if tr is None:
             ln.add("no metrics scraped yet", "$text-muted")
             return ln

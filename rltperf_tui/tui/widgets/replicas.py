@@ -3,36 +3,20 @@ and decode instances) in one table, a row each, their totals and an imbalance fl
 
 Shown above the per-target columns when two or more targets are metrics endpoints
 (``v`` hides and shows it).  Totals, pooled latencies and the imbalance rule are defined
-in ``engine_adapters.definitions.server_window.replica_totals``; this panel only draws.
+in ``engine_adapters.definitions.server_window.replica_totals`` and computed once per
+render tick (``rltperf_tui.live.view.replica_view``); this panel only draws.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-from engine_adapters.definitions.records import MetricsSample
-from engine_adapters.definitions.server_window import (
-    IMBALANCE_RATIO,
-    REPLICA_LATENCIES,
-    ReplicaTotals,
-    replica_totals,
-)
-from rltperf_tui.widgets._fmt import Lines, Row, ms, num, si
-from rltperf_tui.widgets.panel import Panel
+from engine_adapters.definitions.server_window import IMBALANCE_RATIO, REPLICA_LATENCIES, ReplicaTotals
+from rltperf_tui.live.view import ReplicaView
+from rltperf_tui.tui.widgets._fmt import Lines, Row, ms, num, si
+from rltperf_tui.tui.widgets.panel import Panel
 
 NAME_W = 26
 COLS = (("running", 8), ("waiting", 8), ("KV %", 7), ("gen tok/s", 10), ("prompt/s", 9), ("req/s", 7),
         ("TTFT p95", 9), ("TPOT p95", 9), ("queue p95", 10))  # fmt: skip
-
-
-@dataclass
-class ReplicaView:
-    """What one render tick knows about the replicas."""
-
-    names: list[str]
-    samples: list[Sequence[MetricsSample]]
-    window_s: float
 
 
 def short_name(target: str, width: int = NAME_W - 1) -> str:
@@ -64,7 +48,7 @@ class ReplicaPanel(Panel):
     def show_replicas(self, view: ReplicaView) -> None:
         """Take the tick's replicas and repaint what changed."""
         self.view = view
-        self.totals = replica_totals(view.samples, view.window_s)
+        self.totals = view.totals
         n = len(view.names)
         title = f"Replicas · {n} metrics targets · last {view.window_s:g} s · v hides"
         if title != self.border_title:

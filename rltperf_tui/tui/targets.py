@@ -1,0 +1,190 @@
+"""The screen's targets: what the app keeps per target (``TargetHandle``: the live
+driver ``rltperf_tui.live.driver.LiveTarget`` plus what the screen adds), the ingest
+worker that runs the driver's reader half, and the messages it posts.
+
+The app (``app.py``) owns the workers and the screen; this module holds the per-target
+state both share, so that a worker thread's contract (it runs the driver's reader half:
+``session``, ``recorder`` under ``rec_lock``; and takes ``inflight`` slots) is read in
+one place.  The UI thread runs the driver's model half (``ingest``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from textual.message import Message
+from textual.notifications import SeverityLevel
+from textual.worker import Worker, get_current_worker
+
+from engine_adapters.definitions.records import Record, SessionEvent
+from engine_adapters.monitor.base import AdapterError
+from rltperf_tui.live.aggregator import TargetStats
+from rltperf_tui.live.driver import LiveTarget, TargetSpec, clock
+from rltperf_tui.live.triggers import Fire, TriggerSet
+from rltperf_tui.live.view import ViewSize
+
+__all__ = [
+    "HUNG_AFTER_S",
+    "CaptureRequested",
+    "RecordsBatch",
+    "TargetHandle",
+    "TargetProblem",
+    "TargetSpec",
+    "clock",
+]
+
+BATCH_S = 0.25
+"""The ingest worker posts one message per this many seconds (when records came).
+
+A quarter second keeps every render tick (2 Hz) fed with fresh data while the handler
+runs 4 times a second, not 10: at 1 000 steps/s a message handled cost about a
+millisecond of the main thread whatever its size (bench ingest: 0.053 -> see commit)."""
+MAX_INFLIGHT = 8
+"""Batches that may wait in the app's message queue per target before the worker waits."""
+READ_S = 0.05
+"""Longest single blocking read of a session (the worker checks for cancellation between)."""
+HUNG_AFTER_S = 3.5
+"""A probe target that sends nothing (not even its ~1 s heartbeat) this long is shown
+as hung, its figures as stale."""
+
+
+class TargetHandle(LiveTarget):
+    """Everything the app keeps for one target: the live driver, and what the screen adds
+    (the worker thread runs the driver's reader half and touches ``inflight``)."""
+
+    def __init__(
+        self, index: int, spec: TargetSpec, stats: TargetStats, triggers: TriggerSet | None = None
+    ) -> None:
+        super().__init__(spec, stats, triggers)
+        self.index = index
+        self.inflight = threading.Semaphore(MAX_INFLIGHT)
+        self.posted = 0
+        """Batches the worker posted (written by the worker thread only)."""
+        self.handled = 0
+        """Batches the app handled (written by the UI thread only)."""
+        self.exporting_seen: dict[str, float] = {}
+        self.capture_seen: dict[str, str] = {}
+        self.last_state = stats.state
+        self.dirty = True
+        self.last_heard = time.monotonic()
+        """Monitor time the newest batch of this target's records arrived."""
+        self.view_size: ViewSize | None = None
+        """The panel sizes its newest view was computed for."""
+
+
+class RecordsBatch(Message):
+    """Records read from one target in one ~250 ms batch."""
+
+    def __init__(self, index: int, records: list[Record], slot: bool = False, final: bool = False) -> None:
+        super().__init__()
+        self.index = index
+        self.records = records
+        self.slot = slot
+        """The sender took one of the target's ``inflight`` slots (released on handling)."""
+        self.final = final
+        """The session ended after these records."""
+
+
+class CaptureRequested(Message):
+    """A capture request reached a target's engine (``capture_id``), or did not (None,
+    and ``error`` says why)."""
+
+    def __init__(
+        self,
+        index: int,
+        capture_id: str | None,
+        mode: str,
+        steps: int,
+        fire: Fire | None = None,
+        error: str = "",
+    ) -> None:
+        super().__init__()
+        self.index = index
+        self.capture_id = capture_id
+        self.mode = mode
+        self.steps = steps
+        self.fire = fire
+        """The trigger's fire that asked for it; None: a key press."""
+        self.error = error
+
+
+class TargetProblem(Message):
+    """Something about one target a person should read (not a crash)."""
+
+    def __init__(self, index: int, text: str, severity: SeverityLevel = "error") -> None:
+        super().__init__()
+        self.index = index
+        self.text = text
+        self.severity = severity
+
+
+def slug(target: str) -> str:
+    """A short file-name-safe name of a target (its last path part or host:port), for recordings."""
+    s = re.sub(r"^[a-z+]+://", "", target)
+    s = re.sub(r"[^A-Za-z0-9]+", "-", os.path.basename(s.rstrip("/")) or s).strip("-")
+    return s[:40] or "target"
+
+
+Post = Callable[[Message], object]
+"""How a worker posts to the app (``App.post_message``, thread-safe)."""
+
+
+def connect(h: TargetHandle, options: dict[str, Any], wait: bool, post: Post) -> bool:
+    """Open the target's session in the worker (``LiveTarget.connect``); on failure post why."""
+    try:
+        h.connect(options, wait)
+    except AdapterError as exc:
+        post(RecordsBatch(h.index, [SessionEvent(state="error", detail=str(exc))]))
+        return False
+    return True
+
+
+def ingest(h: TargetHandle, options: dict[str, Any], wait: bool, post: Post) -> None:
+    """The worker of one target (a thread): the driver's reader half (connecting first
+    when the command line did not), one ``RecordsBatch`` posted per ~250 ms batch."""
+    worker = get_current_worker()
+    if h.session is None and not connect(h, options, wait, post):
+        return
+    session = h.session
+    assert session is not None
+    pending: list[Record] = []
+    next_flush = time.monotonic() + BATCH_S
+    while not worker.is_cancelled:
+        now = time.monotonic()
+        # never a zero timeout: a reconnecting session would spin
+        recs = h.read(max(0.01, min(READ_S, next_flush - now)))
+        if h.recording_error is not None:
+            post(TargetProblem(h.index, f"recording stopped: {h.recording_error}"))
+            h.recording_error = None
+        if recs:
+            pending.extend(recs)
+        now = time.monotonic()
+        ended = session.ended
+        if (pending and now >= next_flush) or ended:
+            if not deliver(h, pending, worker, post, final=ended):
+                return
+            pending = []
+        if now >= next_flush:
+            next_flush += BATCH_S
+            if next_flush < now:
+                next_flush = now + BATCH_S
+        if ended:
+            return
+
+
+def deliver(
+    h: TargetHandle, recs: list[Record], worker: Worker[Any], post: Post, final: bool = False
+) -> bool:
+    """Post the batch, waiting for one of the target's ``inflight`` slots; False when the
+    worker was cancelled meanwhile."""
+    while not h.inflight.acquire(timeout=0.1):
+        if worker.is_cancelled:
+            return False
+    h.posted += 1
+    post(RecordsBatch(h.index, recs, slot=True, final=final))
+    return True
