@@ -162,3 +162,31 @@ def straggler_text(rf: RankFigures) -> str:
         return "slowest rank n/a"
     rel = f" (+{rf.skew_frac * 100:.0f} %)" if rf.skew_frac is not None else ""
     return f"slowest {rf.slowest}: +{rf.skew_ms:.2f} ms/step{rel}"
+
+
+def ranks_held(expected: Sequence[str] | None, held: dict[str, str]) -> dict[str, object]:
+    """A bundle's ``capture.ranks``: which ranks it was to hold (None: unknown), which it
+    holds (rank -> its trace file) and which are missing.  A missing rank's activity is
+    not in the bundle: it is unknown, never zero cost."""
+    missing = [r for r in expected if r not in held] if expected is not None else None
+    return {"expected": list(expected) if expected is not None else None, "held": dict(sorted(held.items())),
+            "missing": missing}  # fmt: skip
+
+
+def ranks_text(ranks: object) -> str | None:
+    """``2/2 ranks`` or ``1/2 ranks: dp1-tp0 missing`` for a bundle's ``capture.ranks``
+    (None when the bundle does not say)."""
+    if not isinstance(ranks, dict):
+        return None
+    held_d = ranks.get("held")
+    held = [str(k) for k in held_d] if isinstance(held_d, dict) else []
+    expected = ranks.get("expected")
+    missing_l = ranks.get("missing")
+    missing = [str(m) for m in missing_l] if isinstance(missing_l, list) else []
+    if not isinstance(expected, list):
+        s = "s" if len(held) != 1 else ""
+        return f"{len(held)} rank{s} held ({', '.join(held) or 'none'}); expected ranks unknown"
+    text = f"{len(held)}/{len(expected)} ranks"
+    if missing:
+        text += f": {', '.join(missing)} missing (their activity is unknown, not zero)"
+    return text

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine_adapters.definitions.bundle import missing_meta_fields, read_meta
+from engine_adapters.definitions.ranks import ranks_text
 from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
 from rltperf_tui.analysis import traces as T
 from rltperf_tui.analysis.report_steps import (
@@ -207,6 +208,10 @@ def analyze_bundle(
     rep["loop_ms"] = lr["loop_ms"] if lr else None
     rep["loop_passes_per_step"] = lr["passes_per_step"] if lr else None
     rep["exit_hist"] = exit_histogram(step_records) or None
+    rk = cap.get("ranks")  # vLLM captures of a multi-rank server: held and missing ranks
+    rep["ranks"] = dict(rk, text=ranks_text(rk)) if isinstance(rk, dict) else None
+    if rep["ranks"] and rep["ranks"].get("missing"):
+        rep["problems"].append(f"ranks missing from the capture: {rep['ranks']['text']}")
     return BundleAnalysis(path, meta, trace, scan, ops.host_ops, ops.device_ops, idle, step_records, rep)
 
 

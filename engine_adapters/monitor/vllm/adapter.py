@@ -262,6 +262,10 @@ class VllmSession(CaptureSide, Session):
 
     # -- polling thread ------------------------------------------------------------------------
 
+    def post(self, rec: Record) -> None:
+        """Queue a record for ``read()`` (the capture thread reports through this)."""
+        self._post(rec)
+
     def _post(self, rec: Record) -> None:
         try:
             self._q.put_nowait(rec)

@@ -157,6 +157,8 @@ class Scrape:
     """Labels of ``*_info`` gauges (first label set), e.g. ``vllm:cache_config_info``."""
     engines: set[str] = field(default_factory=set)
     """Values of the ``engine`` label seen."""
+    engine_steps: dict[str, float] = field(default_factory=dict)
+    """Cumulative engine steps by ``engine`` label (``""``: unlabelled)."""
 
     @property
     def has_vllm(self) -> bool:
@@ -237,6 +239,9 @@ def _add_histogram(out: Scrape, fam: Family) -> None:
             buckets.setdefault(key, []).append((bound, value))
         elif sname.endswith("_count"):
             count += value
+            if fam.name == ITERATION_TOKENS:
+                eng = labels.get("engine", "")
+                out.engine_steps[eng] = out.engine_steps.get(eng, 0.0) + value
         elif sname.endswith("_sum"):
             total += value
     merged: Histogram | None = None

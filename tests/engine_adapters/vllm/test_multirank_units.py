@@ -227,3 +227,20 @@ def test_the_port_polling_thread_stops_after_its_backoff(
     assert any("did not listen within" in m for m in caplog.messages), caplog.messages
     assert path.read_text() == "{}"
     assert len(announce.LISTEN_BACKOFF_S) <= 8 and sum(announce.LISTEN_BACKOFF_S) <= 120
+
+
+# --------------------------------------------------------------------------- import circle (issue 24 §4)
+
+
+def test_the_vllm_monitor_modules_import_each_other_without_a_cycle() -> None:
+    """The capture thread reaches its session through ``capture.CaptureHost`` (public
+    names), so ``capture`` no longer imports ``adapter`` (it did, under TYPE_CHECKING:
+    adapter -> capture -> adapter, and session_capture -> capture -> adapter ->
+    session_capture)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_import_hygiene import _cycle, _module_imports
+
+    graph = _module_imports()
+    assert "engine_adapters.monitor.vllm.capture" in graph
+    assert _cycle(graph, "engine_adapters.monitor.vllm") is None
+    assert "engine_adapters.monitor.vllm.adapter" not in graph["engine_adapters.monitor.vllm.capture"]

@@ -26,12 +26,16 @@ passes; the KV of skipped passes would need a copy or shared-KV policy), Ouro's
 parallelism, LoRA, quantised checkpoints beyond what vLLM's linear layers load.
 
 Not compiled (no ``support_torch_compile``): the forward runs eagerly so each pass is
-its own ``loop[t]`` profiler range and can be timed.  Per-pass timing, tokens per pass
-and the exit histogram of the output rows go to ``loopring`` when the rltperf probe is
-enabled (``RLTPERF_PROBE``; off with ``RLTPERF_LOOP_TIMING=0``).  On CUDA the pass
-boundaries are CUDA events resolved a few forwards later (never a synchronisation);
-while a CUDA graph is being captured nothing is recorded, so under CUDA graphs per-pass
-timing and exits are n/a (serve with ``--enforce-eager`` to see them).  The exit
+its own ``loop[t]`` profiler range and can be timed.  Per-pass timing, tokens per pass,
+the exit histogram of the output rows and the time in tensor-parallel all-reduces go,
+per worker, to that worker's ``loopring`` through ``recorder.LoopRecorder`` when the
+rltperf probe is enabled (``RLTPERF_PROBE``; off with ``RLTPERF_LOOP_TIMING=0``); every
+recorder call is guarded, so a failure stops recording, never the forward.  The
+all-reduces of ``o_proj`` and ``down_proj`` are the model's own call
+(``reduce_results=False`` and ``recorder.CollectiveTimer``: the same sum, timed).  On
+CUDA the pass boundaries are CUDA events resolved a few forwards later (never a
+synchronisation); while a CUDA graph is being captured nothing is recorded, so under
+CUDA graphs per-pass timing and exits are n/a (serve with ``--enforce-eager`` to see them).  The exit
 histogram counts, per forward, each request's last scheduled token (the row that gets
 logits): a chunk of a long prompt split by chunked prefill, which produces no token, is
 counted too.
