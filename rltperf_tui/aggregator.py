@@ -195,8 +195,7 @@ class TargetStats:
 
     def _add_steps(self, steps: list[StepRecord]) -> None:
         self.windows.add_steps(steps)
-        if steps[-1].rank_busy_ns is not None or steps[0].rank_busy_ns is not None:
-            self.rank_steps.extend(s for s in steps if s.rank_busy_ns is not None)
+        self.rank_steps.extend(s for s in steps if s.rank_busy_ns is not None)
 
     def _add_requests(self, reqs: list[RequestRecord]) -> None:
         self.windows.add_requests(reqs)

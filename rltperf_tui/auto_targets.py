@@ -91,7 +91,7 @@ def resolve_targets(args: argparse.Namespace, prog: str) -> list[tuple[str, str]
     if isinstance(found, int):
         return found
     if args.list:
-        print_list(found)
+        print_list([AutoTarget(t, what) for t, what in per_engine([(a.target, a.what) for a in found], prog)])
         return 0
     names = {t for t, _ in given}
     return per_engine(

@@ -136,6 +136,9 @@ def test_the_metrics_target_gives_one_replica_per_engine(dp2: Server, dp2_run: d
     assert engine_targets(base) == [f"{base}?engine=0", f"{base}?engine=1"]
     assert engine_targets(f"{base}?engine=all") == [f"{base}?engine=all"]
     assert "2 data-parallel engines" in dp2_run["jsonl_err"]
+    found = _cli(dp2, "attach", "--auto", f"127.0.0.1:{dp2.port}-{dp2.port}", "--list")
+    assert found.returncode == 0, found.stderr
+    assert [ln.split()[0] for ln in found.stdout.splitlines()] == [f"{base}?engine=0", f"{base}?engine=1"]
     last: dict[str, dict[str, Any]] = {}
     for line in dp2_run["jsonl"]:
         if line.get("metrics"):

@@ -55,6 +55,30 @@ def test_rank_figures_by_hand() -> None:
     assert rank_figures(["tp0", "tp1"], [], []).slowest is None
 
 
+def test_the_window_keeps_rank_figures_of_steps_between_idle_ones() -> None:
+    """One batch with idle steps (no loop data) at both ends: the per-rank figures still
+    come from every step that has them, in the window, excluded (profiled) ones left out."""
+    from engine_adapters.definitions.records import FLAG_PROFILED, EngineInfo, Hello, StepRecord
+    from rltperf_tui.aggregator import TargetStats
+
+    ms = 1_000_000
+    hello = Hello(schema=1, engine=EngineInfo(name="vllm", ranks=["tp0", "tp1"], tp_size=2, dp_rank=0),
+                  stage_names=[])  # fmt: skip
+    steps = [StepRecord(step_id=0, start_ns=1 * ms, end_ns=2 * ms, kind="idle")]
+    for i in range(1, 5):
+        steps.append(StepRecord(step_id=i, start_ns=i * 10 * ms, end_ns=i * 10 * ms + 9 * ms,
+                                rank_busy_ns=[8 * ms, 8 * ms], rank_wait_ns=[3 * ms, 1 * ms],
+                                rank_loop_ns=[[4 * ms, 4 * ms], [4 * ms, 4 * ms]],
+                                flags=FLAG_PROFILED if i == 4 else 0))  # fmt: skip
+    steps.append(StepRecord(step_id=5, start_ns=60 * ms, end_ns=61 * ms, kind="idle"))
+    stats = TargetStats()
+    stats.add([hello, *steps])
+    rf = stats.rank_window(None)
+    assert rf is not None and rf.steps == 3  # the profiled one is left out
+    assert rf.ranks == ["tp0", "tp1"] and rf.compute_ms == [5.0, 7.0] and rf.slowest == "tp1"
+    assert TargetStats().rank_window(None) is None  # a single-rank stream has none
+
+
 # --------------------------------------------------------------------------- vLLM's own objects
 
 
