@@ -237,6 +237,10 @@ class VllmSession(CaptureSide, Session):
         if not self.loop_known and "max_loops" in ann.engine:  # config.json not readable here
             self.loop_count = int(ann.engine["max_loops"] or 1)
             self.loop_known = True
+        if self.engine is None and len(anns) > 1:  # the sum over engines: no one engine's identity
+            info = msgspec.structs.replace(info, contract={
+                **info.contract, "engines": f"{len(anns)} data-parallel engines, summed (?engine=N: one of them)"})  # fmt: skip
+            return merge(info, ann, identity=False)
         return merge(info, ann)
 
     def _refresh_announcement(self) -> None:

@@ -198,9 +198,10 @@ def find_all(host: str, port: int) -> tuple[list[Announcement], str]:
     return [], why + f": {ENABLE_HINT}"
 
 
-def merge(info: EngineInfo, ann: Announcement) -> EngineInfo:
+def merge(info: EngineInfo, ann: Announcement, identity: bool = True) -> EngineInfo:
     """``info`` (from HTTP) with what the engine announced filled in: its dtype, device,
-    quantization, limits and pid, and every contract field HTTP left unknown."""
+    quantization, limits and pid, and every contract field HTTP left unknown; with
+    ``identity``, also its place in the server (DP rank, TP/PP size, workers)."""
     e = ann.engine
     fields: dict[str, Any] = {}
     for k in ("dtype", "quantization", "device", "max_requests", "token_budget", "spec_config",
@@ -209,7 +210,8 @@ def merge(info: EngineInfo, ann: Announcement) -> EngineInfo:
             fields[k] = e[k]
     fields["pid"] = ann.engine_pid
     fields["host"] = ann.data.get("hostname") or info.host
-    fields.update({k: v for k, v in ann.identity().items() if getattr(info, k) is None})
+    if identity:
+        fields.update({k: v for k, v in ann.identity().items() if getattr(info, k) is None})
     contract = dict(info.contract)
     announced = dict(e.get("contract") or {})
     if e.get("dtype"):

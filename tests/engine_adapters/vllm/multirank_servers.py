@@ -17,8 +17,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_ouro
@@ -71,3 +75,25 @@ def cli_env(server: Server) -> dict[str, str]:
     """The environment of an rltperf command that reads this server's announcements."""
     return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                 RLTPERF_RUNTIME_DIR=str(server.log_path.parent / "run"))  # fmt: skip
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``cond`` until it holds (a monitor started in a subprocess may take seconds on
+    a loaded 2-core machine: the load must not start before it watches)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.1)
+
+
+def read_lines(stream: IO[str], into: list[str]) -> threading.Thread:
+    """Collect ``stream``'s lines into ``into`` in a thread (the caller waits on them)."""
+
+    def run() -> None:
+        for line in stream:
+            into.append(line)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t

@@ -67,10 +67,12 @@ def _cli(server: Server, *args: str, timeout: float = 200) -> subprocess.Complet
 
 @pytest.fixture(scope="module")
 def dp2_run(dp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Record both probes (and ``attach --jsonl`` the server) for 13 s around 8 s of load."""
+    """Record both probes (and ``attach --jsonl`` the server) around 8 s of load: the load
+    starts once every monitor watches (a recording file exists once its probe answered;
+    a --jsonl line has metrics once two scrapes were taken) and ends before they stop."""
     d = tmp_path_factory.mktemp("dp2-run")
     recs = [d / f"dp{k}.rltrec" for k in range(2)]
-    cmd = [sys.executable, "-m", "rltperf_tui.cli", "record", "--duration", "13", "-q"]
+    cmd = [sys.executable, "-m", "rltperf_tui.cli", "record", "--duration", "25", "-q"]
     procs = [
         subprocess.Popen([*cmd, f"tcp://{p}", "-o", str(r)], env=M.cli_env(dp2), cwd=str(ROOT),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -78,10 +80,18 @@ def dp2_run(dp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     ]  # fmt: skip
     jsonl = subprocess.Popen(
         [sys.executable, "-m", "rltperf_tui.cli", "attach", f"vllm+http://127.0.0.1:{dp2.port}", "--jsonl",
-         "--duration", "14", "--window", "60"], env=M.cli_env(dp2), cwd=str(ROOT), stdout=subprocess.PIPE,
+         "--duration", "27", "--window", "60"], env=M.cli_env(dp2), cwd=str(ROOT), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(2.5)
+    lines: list[str] = []
+    assert jsonl.stdout is not None
+    reader = M.read_lines(jsonl.stdout, lines)
+
+    def watching() -> bool:
+        ready = {o["target"] for o in map(json.loads, list(lines)) if o.get("metrics")}
+        return len(ready) == 2 and all(r.exists() for r in recs)
+
+    M.wait_until(watching, 90, "both recordings and both --jsonl engines")
     before = [M.generated(dp2, str(k)) for k in range(2)]
     load = Load(dp2.url, conc=4, max_tokens=32)
     load.run(8.0)
@@ -90,11 +100,12 @@ def dp2_run(dp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     for p in procs:
         _o, err = p.communicate(timeout=90)
         assert p.returncode == 0, err[-2000:]
-    out, err = jsonl.communicate(timeout=90)
+    err = jsonl.communicate(timeout=90)[1]
+    reader.join(10)
     assert jsonl.returncode == 0, err[-2000:]
     return {"recs": [read_all(r)[1] for r in recs], "rec_paths": recs, "load": load,
             "generated": [a - b for a, b in zip(after, before, strict=True)],
-            "jsonl": [json.loads(ln) for ln in out.splitlines() if ln.strip()], "jsonl_err": err}  # fmt: skip
+            "jsonl": [json.loads(ln) for ln in lines if ln.strip()], "jsonl_err": err}  # fmt: skip
 
 
 def test_both_engines_probes_listen_and_are_announced(dp2: Server) -> None:

@@ -69,11 +69,11 @@ def tp2_run(tp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     Load(tp2.url, conc=2, max_tokens=16).run(6.0)  # the first seconds of a TP 2 server are slow
     rec = d / "tp2.rltrec"
     recorder = subprocess.Popen(
-        [sys.executable, "-m", "rltperf_tui.cli", "record", f"tcp://{tp2.probe}", "--duration", "12", "-o",
+        [sys.executable, "-m", "rltperf_tui.cli", "record", f"tcp://{tp2.probe}", "--duration", "16", "-o",
          str(rec), "-q"], env=M.cli_env(tp2), cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    time.sleep(1.5)
+    M.wait_until(rec.exists, 60, "the recorder connected to the probe")  # (the file is made then)
     before = M.generated(tp2)
     load = Load(tp2.url, conc=4, max_tokens=32)
     load.run(8.0)
