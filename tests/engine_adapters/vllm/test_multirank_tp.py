@@ -1,7 +1,7 @@
 """Tensor parallelism on a real vLLM server: the tiny Ouro with ``--tensor-parallel-size 2``.
 
 One server for the module (``multirank_servers.start``), whose worker ``tp1`` is made a
-straggler (``RLTPERF_INJECT_SLOW=dp0-tp1:5``: 5 ms of sleep inside each of its
+straggler (``RLTPERF_INJECT_SLOW=dp0-tp1:10``: 10 ms of sleep inside each of its
 forwards).  Under load, ``rltperf record`` records the plugin's probe and ``rltperf
 capture`` takes 4 steps through vLLM's profiler; the tests check the recording against
 vLLM's own token counter, each rank against its own busy time, the straggler on the
@@ -37,7 +37,9 @@ _why = vllm_missing_reason() or plugin_missing_reason()
 if _why:
     pytest.skip(_why, allow_module_level=True)
 
-SLOW_MS = 5.0
+SLOW_MS = 10.0
+"""The straggler's extra ms per forward: well above the ranks' natural asymmetry (rank 0 also
+gathers and processes the logits: up to ~4 ms more per step seen here without injection)."""
 
 
 @pytest.fixture(scope="module")
@@ -146,8 +148,9 @@ def test_the_slow_rank_is_the_slowest_in_summary_json(tp2: Server, tp2_run: dict
                                "host": out["identity"]["host"]}  # fmt: skip
     r = out["ranks"]
     assert r["slowest_rank"] == "tp1", r
-    # tp0 waits in the all-reduces for tp1's injected 5 ms: the skew is about that
-    assert 0.5 * SLOW_MS <= r["rank_skew_ms"] <= 2.0 * SLOW_MS, r
+    # tp0 waits in the all-reduces for tp1's injected sleep: the skew is about that, less
+    # what rank 0 does more than rank 1 of its own
+    assert 0.3 * SLOW_MS <= r["rank_skew_ms"] <= 1.5 * SLOW_MS, r
     assert r["rank_wait_ms"]["tp0"] > r["rank_wait_ms"]["tp1"]
 
 
