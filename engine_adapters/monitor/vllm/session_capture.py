@@ -28,10 +28,10 @@ from engine_adapters.monitor.vllm.announced import Announcement, find_all
 from engine_adapters.monitor.vllm.capture import (
     PROFILER_FLAG_HELP,
     HttpCapture,
-    HttpCaptureJob,
     profile_prefix,
     validate_request,
 )
+from engine_adapters.monitor.vllm.capture_job import HttpCaptureJob
 from engine_adapters.monitor.vllm.http import HttpClient, ServerUnreachable
 from engine_adapters.monitor.vllm.metrics import ScrapeError, parse_scrape
 
