@@ -60,7 +60,7 @@ def tp2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def _cli(server: Server, *args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *args], capture_output=True, text=True,
-                          env=M.cli_env(server), timeout=timeout, cwd=str(ROOT))  # fmt: skip
+                          env=M.cli_env(server), timeout=timeout, cwd=str(server.log_path.parent))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
