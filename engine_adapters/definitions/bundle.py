@@ -242,6 +242,9 @@ class CaptureMeta(msgspec.Struct, kw_only=True):
     server_profiler_dir: str | UnsetType | None = UNSET
     server_files: dict[str, int] | UnsetType = UNSET
     trace_vllm_version: str | UnsetType | None = UNSET
+    ranks: dict[str, Any] | UnsetType = UNSET
+    """vLLM path: the ranks the capture expected, holds and misses, and each one's trace
+    file (``definitions.ranks.ranks_held``)."""
 
 
 class BundleMeta(msgspec.Struct, kw_only=True):

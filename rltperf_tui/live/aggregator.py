@@ -34,7 +34,8 @@ from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
-from engine_adapters.definitions.figures import PERCENTILES, pct
+from engine_adapters.definitions.figures import EXCLUDED_FLAGS, PERCENTILES, pct
+from engine_adapters.definitions.ranks import RankFigures, rank_figures
 from engine_adapters.definitions.records import (
     Ceiling,
     DeviceSample,
@@ -142,6 +143,8 @@ class TargetStats:
         self.metrics: deque[MetricsSample] = deque(maxlen=3600)
         self.lifetime = ServerLifetime()
         """Counters, latencies and peaks of the metrics scrapes since attach."""
+        self.rank_steps: deque[StepRecord] = deque(maxlen=None if self.grow else self.capacity)
+        """Steps that carry per-rank figures (a multi-rank engine), for ``rank_window``."""
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -192,6 +195,7 @@ class TargetStats:
 
     def _add_steps(self, steps: list[StepRecord]) -> None:
         self.windows.add_steps(steps)
+        self.rank_steps.extend(s for s in steps if s.rank_busy_ns is not None)
 
     def _add_requests(self, reqs: list[RequestRecord]) -> None:
         self.windows.add_requests(reqs)
@@ -232,6 +236,28 @@ class TargetStats:
             ceiling=self.ceiling,
             stage_names=self.stage_names,
             max_loops=info.max_loops if info else None,
+        )
+
+    def rank_window(self, seconds: float | None = 10.0) -> RankFigures | None:
+        """Per-rank figures (busy, wait, compute per step; the slowest rank and the skew)
+        over the window's steps, profiled/exporting/warm-up ones left out
+        (``engine_adapters.definitions.ranks``); None for a single-rank engine."""
+        if not self.rank_steps:
+            return None
+        w0, w1 = self.window_bounds(seconds)
+        sel = [s for s in self.rank_steps if w0 < s.end_ns <= w1 and not s.flags & EXCLUDED_FLAGS]
+        n = len(self.rank_steps[-1].rank_busy_ns or [])
+        info = self.info
+        names = (
+            list(info.ranks)
+            if info is not None and info.ranks and len(info.ranks) == n
+            else [f"rank{k}" for k in range(n)]
+        )
+        return rank_figures(
+            names,
+            [s.rank_busy_ns or [] for s in sel],
+            [s.rank_wait_ns for s in sel],
+            [s.rank_loop_ns for s in sel],
         )
 
     def timeline(self, seconds: float = 30.0, buckets: int = 60) -> dict[str, Any]:

@@ -99,7 +99,11 @@ median step time.
 ## Loops & speculation
 
 Share of produced tokens by the loop depth at which they exited, mean exit depth, mean
-time and tokens per step at each depth, KV blocks per depth (newest step).
+time and tokens per step at each depth, KV blocks per depth (newest step).  **ranks**
+(an engine with several workers, e.g. tensor parallel): each worker's compute per step =
+its busy time − its time inside all-reduces (waiting for the others; CPU only, else
+busy), over the window's steps in which every worker reported; the **slowest** rank is
+the one with the most compute (its peers wait for it), +ms/step and % over the fastest.
 Speculation: draft tokens proposed and accepted in the window, acceptance rate =
 accepted / drafted, mean acceptance length = 1 + accepted / drafts.
 

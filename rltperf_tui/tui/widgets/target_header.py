@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine_adapters.definitions.figures import QUIET_AFTER_S
+from engine_adapters.definitions.ranks import identity_text
 from rltperf_tui.tui.widgets._fmt import NA, Lines, ms, pct, si
 from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
@@ -55,6 +56,9 @@ class TargetHeader(Panel):
                 parts.append(info.quantization)
             parts.append(info.device or "device ?")
             ln.add(" · ".join(parts), "bold")
+            ident = identity_text(info.dp_rank, info.tp_size, info.pp_size, info.host)
+            if ident and (info.dp_rank is not None or (info.tp_size or 1) > 1):
+                ln.add(" · " + ident, "$text-muted")
         ln.nl()
         if info is not None:
             loops = info.loop_config or (f"max {info.max_loops}" if info.max_loops else "n/a")

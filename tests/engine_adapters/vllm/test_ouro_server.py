@@ -95,6 +95,10 @@ def test_step_records_carry_per_loop_time_exits_and_kv(ouro_run: dict[str, Any])
     assert hello.engine.random_weights is True  # the test model's RANDOM_WEIGHTS file
     assert "RANDOM_WEIGHTS" in str(hello.engine.contract.get("random_weights"))
     assert f"q={THRESHOLD:g}" in (hello.engine.loop_config or "")  # --hf-overrides reached the model
+    # KV per depth is counted, not assumed: vLLM's KV cache config holds one cache per
+    # (pass, layer), all on one block table, so each depth holds the step's kv_used blocks
+    caches = hello.engine.contract.get("kv_caches_per_depth")
+    assert caches == [tiny_ouro.LAYERS] * PASSES, caches
     steps = [r for r in records if isinstance(r, StepRecord) and r.kind != "idle"]
     assert len(steps) >= 20
     timed = [s for s in steps if s.loop_ns]
@@ -103,7 +107,8 @@ def test_step_records_carry_per_loop_time_exits_and_kv(ouro_run: dict[str, Any])
         assert len(s.loop_ns) == PASSES and all(v > 0 for v in s.loop_ns)
         assert s.loop_tokens == [s.tokens] * PASSES  # select form: every pass runs every token
         assert s.busy_ns is not None and s.busy_ns <= s.end_ns - s.start_ns
-        assert s.kv_per_depth is not None and len(s.kv_per_depth) == PASSES
+        assert s.kv_used is not None and s.kv_used > 0
+        assert s.kv_per_depth == [s.kv_used if n else 0 for n in caches]
         assert s.bytes_read and s.flops and s.bytes_written
     # the passes are (nearly) all of the model's forward: the rest is embedding, exit
     # bookkeeping and the LM head
