@@ -11,8 +11,9 @@ is scaled to spread exits over the depths.
 
 ``reference_logits`` is an independent, straightforward looped decoder over the same
 tensors (plain matmuls, explicit RoPE and causal softmax, no cache: every position
-recomputed from the tokens): the unit test compares vLLM's prefill and every step of a
-batched greedy decode (vLLM's KV caches, one per pass and layer) against it.
+recomputed from the tokens): ``test_ouro_model`` compares a served model's prefill and
+every step of a batched greedy decode (vLLM's KV caches, one per pass and layer)
+against it (``served_decode_logprobs``).
 """
 
 from __future__ import annotations
@@ -217,68 +218,68 @@ PROMPTS = (
 DECODE_TOKENS = 16
 
 
-def _dense(row: Any, vocab: int) -> list[float]:
-    """One position's logprobs (a ``{token: Logprob}`` holding every token) as a list."""
-    dense = [0.0] * vocab
-    for tid, lp in row.items():
-        dense[tid] = lp.logprob
-    assert len(row) >= vocab, f"only {len(row)} of {vocab} logprobs: max_logprobs too low"
-    return dense
+def served_decode_logprobs(url: str, model_dir: Path, timeout: float = 120.0) -> list[dict[str, Any]]:
+    """Ask a vLLM server that serves ``model_dir`` (as ``tiny``, with ``--max-logprobs`` at
+    least the vocabulary) for a greedy decode of ``DECODE_TOKENS`` tokens of ``PROMPTS``,
+    all three in one request, so submitted together and scheduled as one batch.
 
+    Per prompt: its token ids, the generated ids, the full-vocabulary prompt logprobs
+    (position j predicts token j+1) and the full-vocabulary logprobs of every decode step
+    (step t chose generated[t])."""
+    import urllib.request
 
-def vllm_decode_logprobs(dirs: list[str]) -> dict[str, Any]:
-    """Serve each checkpoint in turn with vLLM's offline ``LLM`` (in this process); for
-    ``PROMPTS`` submitted together (so scheduled as one batch: their prefills share a step,
-    then every decode step holds all three), a greedy decode of ``DECODE_TOKENS`` tokens.
+    from transformers import PreTrainedTokenizerFast
 
-    Returns, per directory and prompt: the prompt's token ids, the generated ids, the
-    full-vocabulary prompt logprobs (position j predicts token j+1) and the
-    full-vocabulary logprobs of every decode step (step t chose generated[t])."""
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
+    # (not AutoTokenizer: the config's auto_map names remote code, and it would ask on stdin)
+    tok = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+    vocab = len(tok)
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    body = json.dumps({
+        "model": "tiny", "prompt": prompts, "max_tokens": DECODE_TOKENS, "temperature": 0, "ignore_eos": True,
+        "logprobs": vocab, "prompt_logprobs": vocab, "return_tokens_as_token_ids": True, "return_token_ids": True,
+    }).encode()  # fmt: skip
+    req = urllib.request.Request(
+        url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        choices = sorted(json.loads(r.read())["choices"], key=lambda c: c["index"])
 
-    out: dict[str, Any] = {}
-    for d in dirs:
-        tok = AutoTokenizer.from_pretrained(d)
-        vocab = len(tok)
-        prompts = [tok(p)["input_ids"] for p in PROMPTS]
-        llm = LLM(model=d, dtype="float32", enforce_eager=True, max_model_len=256, max_logprobs=vocab, seed=0)
-        params = SamplingParams(max_tokens=DECODE_TOKENS, temperature=0, ignore_eos=True, logprobs=vocab,
-                                prompt_logprobs=vocab)  # fmt: skip
-        res = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params)
-        seqs = []
-        for ids, r in zip(prompts, res, strict=True):
-            comp = r.outputs[0]
-            seqs.append({
-                "ids": ids,
-                "generated": list(comp.token_ids),
-                "prompt_logprobs": [_dense(row, vocab) for row in (r.prompt_logprobs or [])[1:]],
-                "decode_logprobs": [_dense(row, vocab) for row in comp.logprobs or []],
-            })  # fmt: skip
-        out[d] = seqs
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-    return out
+    def dense(row: dict[Any, Any]) -> list[float]:
+        out = [0.0] * vocab
+        for key, lp in row.items():
+            tid = int(str(key).removeprefix("token_id:"))
+            out[tid] = lp["logprob"] if isinstance(lp, dict) else lp
+        assert len(row) >= vocab, f"only {len(row)} of {vocab} logprobs: --max-logprobs too low"
+        return out
+
+    seqs = []
+    for ids, c in zip(prompts, choices, strict=True):
+        seqs.append({
+            "ids": ids,
+            "generated": list(c["token_ids"]),
+            "prompt_logprobs": [dense(row) for row in (c.get("prompt_logprobs") or [])[1:]],
+            "decode_logprobs": [dense(row) for row in c["logprobs"]["top_logprobs"]],
+        })  # fmt: skip
+    return seqs
 
 
 def start_ouro_server(root: Path, hf_overrides: dict[str, Any] | None = None, extra_env: dict[str, str] | None = None,
                       weights: bool = True) -> Any:  # fmt: skip
     """Build the tiny Ouro (``total_ut_steps`` 4) under ``root`` and serve it as
     ``vllm_fixtures.serve`` serves the tiny Llama (same flags and environment, the
-    rltperf probe on), plus ``--hf-overrides`` and, without weights, ``--load-format dummy``."""
+    rltperf probe on), plus ``--max-logprobs`` of the whole vocabulary (for
+    ``served_decode_logprobs``), ``--hf-overrides`` and, without weights, ``--load-format dummy``."""
     sys.path.insert(0, str(Path(__file__).parent))
     from vllm_fixtures import serve
 
     model = build(root / "model", total_ut_steps=4, weights=weights)
-    args = ["--hf-overrides", json.dumps(hf_overrides)] if hf_overrides else []
+    args = ["--max-logprobs", str(VOCAB * 2)]
+    if hf_overrides:
+        args += ["--hf-overrides", json.dumps(hf_overrides)]
     if not weights:
         args += ["--load-format", "dummy"]
     return serve(root, model, args, extra_env)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "logprobs":
-        # python tiny_ouro.py logprobs OUT.json DIR...  (used by test_ouro_model.py)
-        Path(sys.argv[2]).write_text(json.dumps(vllm_decode_logprobs(sys.argv[3:])))
-    else:
-        print(build(sys.argv[1] if len(sys.argv) > 1 else "tiny-ouro"))
+    print(build(sys.argv[1] if len(sys.argv) > 1 else "tiny-ouro"))

@@ -58,7 +58,9 @@ import atexit
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -102,7 +104,11 @@ def _start_llama(root: Path) -> Server:
 
 
 def _start_ouro(root: Path) -> Server:
-    return tiny_ouro.start_ouro_server(root, {"early_exit_threshold": OURO_THRESHOLD})
+    # its worker on the second core: vLLM binds a CPU worker to the first by default, and
+    # the replica test loads this server and the Llama one at the same time
+    cpus = sorted(os.sched_getaffinity(0))
+    env = {"VLLM_CPU_OMP_THREADS_BIND": str(cpus[1])} if len(cpus) > 1 else None
+    return tiny_ouro.start_ouro_server(root, {"early_exit_threshold": OURO_THRESHOLD}, env)
 
 
 ouro_server = server_kind("ouro_server", _start_ouro, "The shared tiny random Ouro server (q=0.6).")
@@ -130,6 +136,7 @@ class Pool:
     running: dict[str, Server] = field(default_factory=dict)
     last_user: dict[str, str] = field(default_factory=dict)
     started: dict[str, int] = field(default_factory=dict)
+    stopping: list[threading.Thread] = field(default_factory=list)
 
     def get(self, kind: str) -> Server:
         """The running server of ``kind``, started now if it is not (skips without vLLM)."""
@@ -151,13 +158,21 @@ class Pool:
         self.running.pop(kind, None)
 
     def stop(self, kind: str) -> None:
+        """Stop ``kind``'s server in the background (SIGTERM, SIGKILL after 30 s): the next
+        tests need not wait the seconds a vLLM takes to shut down; ``stop_all`` joins."""
         srv = self.running.pop(kind, None)
         if srv is not None:
-            srv.stop()
+            srv.terminate()  # now; the waiting (and a SIGKILL if need be) in the background
+            t = threading.Thread(target=srv.stop, name=f"stop-{kind}", daemon=True)
+            t.start()
+            self.stopping.append(t)
 
     def stop_all(self) -> None:
         for kind in list(self.running):
             self.stop(kind)
+        for t in self.stopping:
+            t.join(60)
+        self.stopping.clear()
 
     def wait_quiet(self, kind: str) -> None:
         """Return once ``kind``'s server answers and runs no request; fail after a minute."""
@@ -172,9 +187,11 @@ class Pool:
             try:
                 with urllib.request.urlopen(srv.url + "/metrics", timeout=5) as r:
                     text = r.read().decode(errors="replace")
-                busy = {m[0]: float(m[1]) for m in _RUNNING.findall(text)}
+                busy: dict[str, float] = {}
+                for name, value in _RUNNING.findall(text):  # summed over engines (DP ranks)
+                    busy[name] = busy.get(name, 0.0) + float(value)
                 seen = f"running {busy.get('running', '?')}, waiting {busy.get('waiting', '?')}"
-                if busy and not any(busy.values()):
+                if len(busy) == 2 and not any(busy.values()):
                     return
             except (urllib.error.URLError, OSError) as exc:
                 seen = f"{type(exc).__name__}: {exc}"
@@ -215,6 +232,10 @@ def pytest_configure(config: pytest.Config) -> None:
         _RUNTIME_DIR.append(tempfile.mkdtemp(prefix="rltperf-test-runtime-"))
         os.environ["RLTPERF_RUNTIME_DIR"] = _RUNTIME_DIR[-1]
     atexit.register(_stop_all, config)  # an interrupted run leaves no server behind
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        # `timeout` and CI stop a run with SIGTERM: end it as Ctrl-C does (teardown,
+        # unconfigure, atexit), not at once with the servers still running
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def _stop_all(config: pytest.Config) -> None:
