@@ -10,7 +10,8 @@ rltperf plugin's probe at ``Server.probe``, ``--profiler-config`` into
 
 - ``vllm_server``: the tiny random Llama (``tiny_model``), a plain (not looped) model;
 - ``ouro_server``: the tiny random Ouro (``tiny_ouro``: ``total_ut_steps`` 4,
-  ``--hf-overrides '{"early_exit_threshold": 0.6}'``, weights written so exits vary);
+  ``--hf-overrides '{"early_exit_threshold": 0.6}'``, weights written so exits vary,
+  ``--max-logprobs`` of the whole vocabulary), its worker on the second core;
 - ``vllm_server_to_stop``: the ``vllm_server`` handed to a test that stops it (the
   announcement goes with the server).  Such tests run after every other user of it.
 
@@ -19,7 +20,9 @@ Use one by asking for the fixture (module scope, so module fixtures may use it t
 Order and lifetime.  Tests that use a kind run after all the others, grouped by kind
 in the order of ``KINDS``; a test using two kinds runs between their groups (at most
 two servers are up at once).  A server is stopped right after the last test that
-needs it, and restarted if a later test asks for it again.
+needs it (in the background: SIGTERM at once, the wait in a thread), and restarted if
+a later test asks for it again.  A run ended by SIGTERM stops them as Ctrl-C does; a
+killed run takes them with it (``PR_SET_PDEATHSIG``).
 
 Isolation.  Before each test that uses a kind, the server must be up and quiet (no
 request running or waiting, per its own ``/metrics``): a test that left load behind
