@@ -1,7 +1,8 @@
 """A looped model on a real vLLM server: the tiny Ouro (RANDOM WEIGHTS), rltperf's plugin on.
 
-One server for the module (``tiny_ouro.start_ouro_server``: total_ut_steps 4, the exit
-threshold set to 0.6 with ``--hf-overrides``, no ``--trust-remote-code``).  While
+The shared ``ouro_server`` (``vllm_servers.py``: ``tiny_ouro.start_ouro_server``,
+total_ut_steps 4, the exit threshold set to 0.6 with ``--hf-overrides``, no
+``--trust-remote-code``).  While
 clients send completions, ``rltperf record`` records the plugin's probe and ``rltperf
 capture`` takes 4 steps through vLLM's profiler; the tests read the recording, the
 bundle and what ``rltperf summary`` / ``rltperf report`` say of them.
@@ -16,7 +17,6 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_ouro
-from vllm_fixtures import ROOT, Load, Server, plugin_missing_reason, vllm_missing_reason
+from vllm_fixtures import ROOT, Load, Server
+from vllm_servers import OURO_THRESHOLD
 
 from engine_adapters.definitions.records import Hello, StepRecord
 from engine_adapters.monitor.recording import read_all
@@ -32,21 +33,9 @@ from rltperf_tui.analysis import traces
 from rltperf_tui.live.aggregator import TargetStats
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-_why = vllm_missing_reason() or plugin_missing_reason()
-if _why:
-    pytest.skip(_why, allow_module_level=True)
 
 PASSES = 4
-THRESHOLD = 0.6
-
-
-@pytest.fixture(scope="module")
-def ouro_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = tiny_ouro.start_ouro_server(tmp_path_factory.mktemp("ouro"), {"early_exit_threshold": THRESHOLD})
-    try:
-        yield server
-    finally:
-        server.stop()
+THRESHOLD = OURO_THRESHOLD
 
 
 def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
