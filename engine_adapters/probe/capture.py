@@ -40,6 +40,7 @@ from engine_adapters.definitions.records import (
     CaptureStarted,
     Refused,
 )
+from engine_adapters.probe.export import release_results
 from engine_adapters.probe.job import CaptureJob, ExportWindows
 from engine_adapters.probe.ring import ObservedStep, StepRing, StepSlot
 
@@ -278,6 +279,7 @@ class CaptureController:
             job.prof.stop()
         except Exception as exc:
             log.debug("stale profiler stop: %s", exc)
+        release_results(job.prof)
         job.prof = None
 
     # -- the step observer (engine thread) -------------------------------------------------
@@ -430,11 +432,16 @@ class CaptureController:
             job.error = job.error or f"export crashed: {type(exc).__name__}: {exc}"
             self._post(CaptureFailed(capture_id=job.capture_id, reason=job.error))
         finally:
+            if job.partial is None:  # a stalled window's profiler is the engine thread's to drop
+                # Freed here, inside the export window (the steps it slows are flagged),
+                # not left to the garbage collector (see ``release_results``).
+                t0 = _clk()
+                release_results(job.prof)
+                job.prof = None
+                log.debug("capture %s: results released in %.1f ms", job.capture_id, (_clk() - t0) / 1e6)
             job.export_end_ns = _clk()
             if job.export_start_ns is not None:
                 self.export_windows.end(job.export_start_ns, job.export_end_ns)
-            if job.partial is None:  # a stalled window's profiler is the engine thread's to drop
-                job.prof = None
             with self._lock:
                 if self.job is job:
                     self.job = None
@@ -445,6 +452,9 @@ class CaptureController:
         log.warning("capture %s failed: %s", job.capture_id, reason)
         job.state = "failed"
         job.error = reason
+        if job.prof is not None:  # stopped by _finish_window (or never started): nothing exports it
+            release_results(job.prof)
+            job.prof = None
         with self._lock:
             if self.job is job:
                 self.job = None
