@@ -260,7 +260,9 @@ class BundleMeta(msgspec.Struct, kw_only=True):
     live_at_trigger: dict[str, Any]
     """Figures at the moment the capture was requested."""
     trigger: dict[str, Any] | None
-    """The trigger rule that asked for the capture (``TriggerInfo`` + delays), or None."""
+    """The trigger rule that asked for the capture (``TriggerInfo``), or None; with
+    ``delay_steps`` and ``delay_ms`` from the offending step's end to the first captured
+    step (the profiler's warm-up step is not counted as captured)."""
     ceiling: dict[str, Any] | UnsetType | None = UNSET
     """The device ceiling the probe knew (the report's roofline); the vLLM path has none."""
     contract: dict[str, Any]

@@ -121,6 +121,7 @@ class BundleWriter:
         export_s = time.perf_counter() - t0
         if not job.error and job.partial is None and steps_found != job.steps:
             job.error = f"the trace holds {steps_found} ProfilerStep spans, {job.steps} were requested"
+        steps: list[tuple[Any, str]] = []
         try:
             steps = _window_steps(self.history, job)
             with open(os.path.join(tmp, "steps.jsonl"), "w", encoding="utf-8") as f:
@@ -135,7 +136,7 @@ class BundleWriter:
         except OSError as exc:
             job.error = job.error or _os_error_text(exc, "steps.jsonl")
 
-        meta = self._meta(job, steps_found, trace_bytes, events, export_s, files)
+        meta = self._meta(job, steps_found, trace_bytes, events, export_s, files, [r for r, _ in steps])
         try:
             path = seal_bundle(tmp, final, meta)
         except OSError as exc:
@@ -160,6 +161,7 @@ class BundleWriter:
         events: int,
         export_s: float,
         files: dict[str, str],
+        records: list[StepRecord],
     ) -> BundleMeta:
         import torch
 
@@ -196,7 +198,7 @@ class BundleWriter:
             stage_names=self.stage_names(),
             capture=capture,
             live_at_trigger=job.live_at_trigger,
-            trigger=_trigger_meta(job),
+            trigger=_trigger_meta(job, records),
             ceiling=_ceiling(info),
             contract=build_contract(info),
             files=files,
@@ -233,18 +235,23 @@ def _window_steps(history: StepHistory, job: CaptureJob) -> list[tuple[Any, str]
     return out
 
 
-def _trigger_meta(job: CaptureJob) -> dict[str, Any] | None:
+def _trigger_meta(job: CaptureJob, records: list[StepRecord]) -> dict[str, Any] | None:
     """Why a triggered capture exists: the rule, the value that fired it, when, and the
-    delay from the offending step to the window (steps and ms); None for a key press."""
+    delay from the offending step to the first *captured* step (the profiler's warm-up
+    step comes before it and is not captured): ``delay_steps`` between their ids,
+    ``delay_ms`` from the trigger's time (the offending step's end) to the captured
+    step's start, both on the probe's clock as in ``steps.jsonl``.  None for a key press.
+    """
     trig = job.trigger
     if trig is None:
         return None
     out: dict[str, Any] = to_builtins(trig)
-    first = job.warmup_step if job.warmup_step is not None else (job.step_ids[0] if job.step_ids else None)
+    first = job.step_ids[0] if job.step_ids else None
     if trig.step_id is not None and first is not None:
         out["delay_steps"] = first - trig.step_id
-    if trig.ts_ns and job.started_ns:
-        out["delay_ms"] = round((job.started_ns - trig.ts_ns) / 1e6, 3)
+    start = next((r.start_ns for r in records if r.step_id == first), None)
+    if trig.ts_ns and start is not None:
+        out["delay_ms"] = round((start - trig.ts_ns) / 1e6, 3)
     return out
 
 
