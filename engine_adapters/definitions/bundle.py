@@ -194,7 +194,7 @@ class CaptureMeta(msgspec.Struct, kw_only=True):
     """``meta.json`` ``capture``: what was asked for and what the bundle holds.
 
     The field order is the file's key order; ``UNSET`` fields belong to one writer only
-    (probe: ``profiler_warmup_step``, ``export_in``, ``complete``, ``partial_reason``;
+    (probe: ``profiler_warmup_step``, ``export_in``, ``engine_cost``, ``complete``, ``partial_reason``;
     vLLM: the server's profiler facts) and are left out of the other's file.
     """
 
@@ -229,6 +229,10 @@ class CaptureMeta(msgspec.Struct, kw_only=True):
     export_in: str | UnsetType | None = UNSET
     """``child`` (forked export) or ``thread`` (the fallback; stalls the engine)."""
     trace_read_s: float | UnsetType = UNSET
+    engine_cost: dict[str, float] | UnsetType = UNSET
+    """Probe: what the capture cost the engine process (``CaptureJob.costs``): the
+    profiler's start and stop on the engine thread, the release of its results, in ms,
+    wall and that thread's CPU time."""
     trace_bytes: int
     events: int
     error: str | None

@@ -37,8 +37,8 @@ from engine_adapters.definitions.bundle import (
 from engine_adapters.definitions.bundle import os_error_text as _os_error_text
 from engine_adapters.definitions.contract import build_contract
 from engine_adapters.definitions.records import CaptureFailed, EngineInfo, StepRecord, to_builtins
-from engine_adapters.probe.export import export_trace_files
-from engine_adapters.probe.job import CaptureJob
+from engine_adapters.probe.export import export_trace_files, release_results
+from engine_adapters.probe.job import CaptureJob, note_cost
 
 log = logging.getLogger("rltperf.probe.bundle")
 
@@ -112,6 +112,12 @@ class BundleWriter:
             res["where"] = None
         else:
             res = export_trace_files(job, tmp)
+            # The child is done with the results: free them now, inside the export window
+            # (the steps this slows are flagged), not at some later garbage collection.
+            t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+            release_results(job.prof)
+            job.prof = None
+            note_cost(job, "release", t1, c1)
         trace_bytes, events, steps_found = res["trace_bytes"], res["events"], res["steps_found"]
         files: dict[str, str] = dict(res["files"])
         if res["error"]:
@@ -191,6 +197,7 @@ class BundleWriter:
             requested_ns=job.requested_ns,
             window_start_ns=job.started_ns,
             window_end_ns=job.window_end_ns,
+            engine_cost=dict(job.costs),
         )
         return new_meta(
             note="Timings in this bundle were taken with the profiler on: they are not a baseline.",

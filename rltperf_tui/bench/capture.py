@@ -58,6 +58,10 @@ import engine_adapters
 HELP = "capture cost: window start/end gaps, export overlap, RSS growth per capture, keypress-to-first-step"
 DESCRIPTION = __doc__ or HELP
 
+COST_KEYS = tuple(
+    f"{n}{u}" for n in ("profiler_start", "profiler_stop", "release") for u in ("_ms", "_cpu_ms")
+)
+"""``meta.json`` ``capture.engine_cost``: the probe's wall and thread-CPU time of each."""
 LIMIT_FACTOR, LIMIT_MS = 3.0, 20.0
 """A step or gap over LIMIT_FACTOR × unprofiled p50 + LIMIT_MS counts as a stall."""
 
@@ -249,6 +253,9 @@ def _one_capture(feed: _Feed, mode: str, steps: int) -> dict[str, Any]:
         "window_end_gap_ms": gap(by_id.get(ids[-1]), by_id.get(ids[-1] + 1)) if ids else None,
         "clock": "probe (meta.json requested_ns)" if cap.get("requested_ns") else "client send time",
     }
+    cost = cap.get("engine_cost") or {}  # the probe's own timing of its work (absent before issue 20)
+    for k in COST_KEYS:
+        out[k] = cost.get(k)
     if first is not None:
         out["to_first_step_ms"] = (first.start_ns - req_ns) / 1e6
         out["to_first_step_steps"] = sum(
@@ -364,7 +371,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     for mode in modes:
         rs = [r for r in runs if r["mode"] == mode and "error" not in r]
-        m = per_mode[mode] = {k: _med([r[k] for r in rs if r.get(k) is not None]) for k in keys}
+        m = per_mode[mode] = {k: _med([r[k] for r in rs if r.get(k) is not None]) for k in keys + COST_KEYS}
         worst = {
             "exporting_step_ms_max": "longest_exporting_step_ms",
             "window_start_gap_ms": "window_start_gap_ms_worst",
@@ -421,6 +428,13 @@ def print_text(r: dict[str, Any]) -> None:
             f"(worst {f(m['warmup_step_ms_worst'], '{:.1f}')}{held(m['warmup_step_ms_worst'], lim)}) ms; "
             f"window end: gap {f(m['window_end_gap_ms'], '{:.1f}')} (worst "
             f"{f(m['window_end_gap_ms_worst'], '{:.1f}')}{held(m['window_end_gap_ms_worst'], lim)}) ms"
+        )
+        print(
+            f"{'':<6} the probe's own timing (wall / engine-thread CPU): profiler start "
+            f"{f(m['profiler_start_ms'], '{:.1f}')} / {f(m['profiler_start_cpu_ms'], '{:.1f}')} ms, stop "
+            f"{f(m['profiler_stop_ms'], '{:.1f}')} / {f(m['profiler_stop_cpu_ms'], '{:.1f}')} ms; results freed "
+            f"at the export's end in {f(m['release_ms'], '{:.1f}')} / {f(m['release_cpu_ms'], '{:.1f}')} ms "
+            "(export thread, GIL held)"
         )
         print(
             f"{'':<6} during export ({'/'.join(m['export_in'])}): longest step "
