@@ -17,7 +17,7 @@ import weakref
 from typing import Any
 
 from engine_adapters.definitions.bundle import os_error_text as _os_error_text
-from engine_adapters.probe.job import CaptureJob
+from engine_adapters.probe.job import CaptureJob, note_cost
 
 log = logging.getLogger("rltperf.probe.bundle")
 
@@ -106,11 +106,14 @@ def _export_forked(job: CaptureJob, tmp: str, sort: str) -> dict[str, Any] | Non
     exports in-thread, which is correct, only slow for the engine.
     """
     result = os.path.join(tmp, ".export-result.json")
+    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     try:
-        pid = os.fork()
+        pid = os.fork()  # holds the GIL while the kernel copies the page tables: timed
     except OSError as exc:
         log.warning("export fork failed (%s): exporting in-thread", exc)
         return None
+    if pid != 0:
+        note_cost(job, "fork", t0, c0)
     if pid == 0:  # child: no logging, no exceptions out, no atexit
         code = 3
         try:

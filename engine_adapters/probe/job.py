@@ -41,8 +41,9 @@ class CaptureJob:
     export_where: str | None = None  # "child" (forked) or "thread" (fallback)
     costs: dict[str, float] = field(default_factory=dict)
     """What the capture cost the engine process, measured where it ran (``meta.json``
-    ``capture.engine_cost``): ``profiler_start`` / ``profiler_stop`` on the engine thread
-    and ``release`` of the results on the export thread, each ``*_ms`` (wall) and
+    ``capture.engine_cost``): ``profiler_start`` / ``profiler_stop`` on the engine thread,
+    the ``fork`` of the export child and the ``release`` of the results on the export
+    thread (both with the GIL held), each ``*_ms`` (wall) and
     ``*_cpu_ms`` (that thread's CPU time: preemption on a busy host does not count)."""
     live_at_trigger: dict[str, Any] = field(default_factory=dict)
     trigger: Any = None

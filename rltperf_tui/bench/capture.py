@@ -59,7 +59,7 @@ HELP = "capture cost: window start/end gaps, export overlap, RSS growth per capt
 DESCRIPTION = __doc__ or HELP
 
 COST_KEYS = tuple(
-    f"{n}{u}" for n in ("profiler_start", "profiler_stop", "release") for u in ("_ms", "_cpu_ms")
+    f"{n}{u}" for n in ("profiler_start", "profiler_stop", "fork", "release") for u in ("_ms", "_cpu_ms")
 )
 """``meta.json`` ``capture.engine_cost``: the probe's wall and thread-CPU time of each."""
 LIMIT_FACTOR, LIMIT_MS = 3.0, 20.0
@@ -432,9 +432,9 @@ def print_text(r: dict[str, Any]) -> None:
         print(
             f"{'':<6} the probe's own timing (wall / engine-thread CPU): profiler start "
             f"{f(m['profiler_start_ms'], '{:.1f}')} / {f(m['profiler_start_cpu_ms'], '{:.1f}')} ms, stop "
-            f"{f(m['profiler_stop_ms'], '{:.1f}')} / {f(m['profiler_stop_cpu_ms'], '{:.1f}')} ms; results freed "
-            f"at the export's end in {f(m['release_ms'], '{:.1f}')} / {f(m['release_cpu_ms'], '{:.1f}')} ms "
-            "(export thread, GIL held)"
+            f"{f(m['profiler_stop_ms'], '{:.1f}')} / {f(m['profiler_stop_cpu_ms'], '{:.1f}')} ms; export thread "
+            f"(GIL held): fork {f(m['fork_ms'], '{:.1f}')} / {f(m['fork_cpu_ms'], '{:.1f}')} ms, results freed "
+            f"at the export's end {f(m['release_ms'], '{:.1f}')} / {f(m['release_cpu_ms'], '{:.1f}')} ms"
         )
         print(
             f"{'':<6} during export ({'/'.join(m['export_in'])}): longest step "

@@ -147,7 +147,7 @@ def test_the_probe_writes_the_same_keys_as_before_and_refuses_as_the_definition_
     assert _keys(new) == old
     assert set(new["capture"]["engine_cost"]) == {
         f"{name}{unit}"
-        for name in ("profiler_start", "profiler_stop", "release")
+        for name in ("profiler_start", "profiler_stop", "fork", "release")
         for unit in ("_ms", "_cpu_ms")
     }
     assert new["trigger"] is None and new["capture"]["complete"] is True
