@@ -162,8 +162,9 @@ class CaptureController:
         import torch.profiler
 
         t0 = time.perf_counter()
-        with torch.profiler.profile(activities=self._activities()):
+        with torch.profiler.profile(activities=self._activities()) as prof:
             pass
+        release_results(prof)
         self.warm_s = time.perf_counter() - t0
         self.warmed = True
         log.info("profiler warmed in %.2f s", self.warm_s)
