@@ -55,9 +55,16 @@ def test_watch_captures_the_stall_with_the_step_that_fired(stalled_engine, tmp_p
         s = fired[0]
         assert s["step_id"] == trig["step_id"] and s["window"] == "before_trigger"
         assert (s["end_ns"] - s["start_ns"]) / 1e6 == pytest.approx(trig["value"], abs=0.01)
-        captured = [x["step_id"] for x in steps if x["window"] == "captured"]
-        assert len(captured) == 4 and min(captured) > s["step_id"]
-        assert trig["delay_steps"] == min(captured) - s["step_id"] or meta["capture"]["profiler_warmup_step"]
+        captured = [x for x in steps if x["window"] == "captured"]
+        assert len(captured) == 4 and captured[0]["step_id"] > s["step_id"]
+        assert [x["step_id"] for x in captured] == meta["capture"]["step_ids"]
+        warm = meta["capture"]["profiler_warmup_step"]
+        assert warm == captured[0]["step_id"] - 1 and warm >= s["step_id"]
+        # the delay runs from the offending step's end to the first captured step's start
+        # (the warm-up step before it is not captured), exactly, on the steps' own clock
+        assert trig["ts_ns"] == s["end_ns"]
+        assert trig["delay_steps"] == captured[0]["step_id"] - s["step_id"]
+        assert trig["delay_ms"] == round((captured[0]["start_ns"] - s["end_ns"]) / 1e6, 3)
         stalls += (s["end_ns"] - s["start_ns"]) / 1e6 >= 290
         report = run_rltperf("report", str(bundle))
         assert report.stdout.splitlines()[1].startswith("TRIGGERED by step_ms>150"), report.stdout[:400]
