@@ -191,3 +191,42 @@ def test_a_long_watch_reports_its_whole_run_not_its_last_file(tmp_path: Path, mo
     page = (out / "index.html").read_text()
     assert "Whole run: exact" in page and "Whole run: sketched" in page and "Raw steps on disk" in page
     assert f"{fig['wall_s']:.1f}" in page
+
+
+def test_a_crashed_watch_leaves_its_whole_run_figures(stalled_engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Killed without a word (SIGKILL: no report), the watch has saved its whole-run
+    figures within the last ``SAVE_EVERY_S``; they read back."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rltperf_tui.commands.watch import SAVE_EVERY_S
+    from rltperf_tui.live.whole_run import WholeRun
+    from tests.conftest import ROOT
+
+    out = tmp_path / "crash"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rltperf_tui.cli", "watch", stalled_engine.target, "--trigger", "step_ms>100000",
+         "--out", str(out), "-q"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        saved = list(out.glob("*.run.json")) if out.exists() else []
+        while not saved and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            saved = list(out.glob("*.run.json")) if out.exists() else []
+        assert saved, "the whole-run figures were saved while the watch ran"
+        first = json.loads(saved[0].read_text())
+        time.sleep(SAVE_EVERY_S + 2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert not (out / "index.html").exists()
+    again = json.loads(saved[0].read_text())
+    run = WholeRun.from_json(again)
+    fig = run.figures()
+    assert fig["steps"] > WholeRun.from_json(first).figures()["steps"] > 0  # saved again since
+    assert fig["wall_s"] > SAVE_EVERY_S - 1 and fig["tokens_per_s"] and fig["step_ms"]["p50"]
