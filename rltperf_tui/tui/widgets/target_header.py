@@ -73,6 +73,8 @@ class TargetHeader(Panel):
         # Headline figures: readable even when the panels below are scrolled away.
         if ctx.silent_s is not None:
             ln.add(f"stale: as of {ctx.silent_s:.0f} s ago · ", "bold $error")
+        elif w.stale_s is not None:  # a capture's export owns the window: its last figures
+            ln.add(f"stale: as of {w.stale_s:.0f} s ago (capture) · ", "bold $warning")
         elif st.quiet_s >= QUIET_AFTER_S:
             ln.add(f"no steps for {st.quiet_s:.0f} s · ", "bold $warning")
         p50 = w.step_ms["p50"]
