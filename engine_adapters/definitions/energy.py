@@ -16,12 +16,12 @@ A ``DeviceSample`` carries ``energy_j``, a cumulative reading in joules (only di
 mean anything; RAPL's wraps are already undone by ``Unwrapper``), ``energy_source`` and,
 when there is no counter, ``energy_na`` with the reason.
 
-The window's figures: ``mean_power_w`` is the energy between the counter's readings that
-fall inside the window's included time, divided by that time (time left out of the
-window, such as a capture's profiled and exporting steps, leaves the energy too).
-Joules per step and per output token are that power divided by the window's own steps/s
-and tokens/s (``figures.Figures``), so every exclusion the window makes applies to them
-unchanged.  Functions take numpy arrays (a window, a bootstrap's resamples) or scalars.
+The window's figures (defined in ``figures.py`` with the other ratios): the power is the
+energy the counter gained over the window's included time, divided by the part of that
+time its readings cover (``window_energy``: time left out of the window, such as a
+capture's profiled and exporting steps, leaves the energy too); joules per output token
+and per step are that power divided by the window's own tokens/s and steps/s, so every
+exclusion the window makes applies to them unchanged.
 """
 
 from __future__ import annotations
@@ -38,6 +38,12 @@ CAVEATS = {
     "rapl": "RAPL package energy counter; whole-CPU-package energy: every process on the CPU is included",
 }
 """What each source's figures mean and do not mean, shown beside them."""
+
+SHORT = {
+    "nvml": "NVML counter · whole GPU",
+    "rapl": "RAPL counter · whole CPU package",
+}
+"""``CAVEATS`` in a few words, for a panel line."""
 
 MIN_SPAN_S = 2.0
 """Shortest counter span (seconds between the first and last reading used) a power figure
@@ -98,33 +104,56 @@ def covered_ns(ts_ns: Any, lo_ns: Any, hi_ns: Any) -> Any:
     return np.maximum(np.clip(hi, t[0], t[-1]) - np.clip(lo, t[0], t[-1]), 0.0)
 
 
-def mean_power_w(
-    ts_ns: Any, joules: Any, w0_ns: float, w1_ns: float, excluded_lo: Any = (), excluded_hi: Any = ()
-) -> float | None:
-    """Mean power (W) over the window ``[w0, w1]`` less its excluded spans, from the
-    counter readings inside it; None when the readings cover less than ``MIN_SPAN_S``.
+def window_energy(
+    readings: Any, w0_ns: float, w1_ns: float, excluded_lo: Any = (), excluded_hi: Any = ()
+) -> tuple[float, float] | None:
+    """``(joules, seconds)``: what the devices' counters gained over the window
+    ``[w0, w1]`` less its excluded spans, and the time that covers (the part of that time
+    between each device's first and last reading; devices are read in the same tick, so
+    their spans agree: the shortest is used and each device's energy scaled to it).
 
-    Excluded spans must lie inside the window and not overlap (the window's owned spans).
+    ``readings``: one ``(ts_ns, joules)`` pair of arrays per device (cumulative, sorted by
+    time).  Excluded spans are clipped to the window and must not overlap.  None when no
+    device has two readings.  Power is ``joules / seconds`` (``figures.power_w``).
     """
-    t = np.asarray(ts_ns, dtype=np.float64)
-    if t.size < 2:
+    lo = np.asarray(excluded_lo, dtype=np.float64)
+    hi = np.asarray(excluded_hi, dtype=np.float64)
+    lo, hi = np.maximum(lo, w0_ns), np.minimum(hi, w1_ns)
+    inside = hi > lo
+    lo, hi = lo[inside], hi[inside]
+    parts: list[tuple[float, float]] = []
+    for ts, joules in readings:
+        t = np.asarray(ts, dtype=np.float64)
+        if t.size < 2:
+            return None
+        j = float(energy_between(t, joules, w0_ns, w1_ns)) - float(np.sum(energy_between(t, joules, lo, hi)))
+        c = float(covered_ns(t, w0_ns, w1_ns)) - float(np.sum(covered_ns(t, lo, hi)))
+        parts.append((max(j, 0.0), max(c, 0.0) / 1e9))
+    if not parts:
         return None
-    xlo = np.asarray(excluded_lo, dtype=np.float64)
-    xhi = np.asarray(excluded_hi, dtype=np.float64)
-    joules_in = float(energy_between(t, joules, w0_ns, w1_ns)) - float(
-        np.sum(energy_between(t, joules, xlo, xhi))
-    )
-    time_in = float(covered_ns(t, w0_ns, w1_ns)) - float(np.sum(covered_ns(t, xlo, xhi)))
-    if time_in < MIN_SPAN_S * 1e9:
-        return None
-    return max(joules_in, 0.0) / (time_in / 1e9)
+    secs = min(c for _, c in parts)
+    if secs <= 0:
+        return 0.0, 0.0
+    return sum(j * secs / c for j, c in parts if c > 0), secs
 
 
-def joules_per(power_w: Any, rate_per_s: Any) -> Any:
-    """Joules per unit (step, output token) at ``power_w`` and ``rate_per_s`` units per
-    second (arrays or scalars); NaN where the rate is not positive."""
-    p = np.asarray(power_w, dtype=np.float64)
-    r = np.asarray(rate_per_s, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.where(r > 0, p / np.where(r > 0, r, 1.0), np.nan)
-    return out if out.ndim else float(out)
+def span_energy(readings: Any, lo_ns: Any, hi_ns: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per span ``[lo, hi]`` (arrays: a recording's steps' owned time): the joules the
+    devices' counters gained (summed over devices) and the seconds of it their readings
+    cover (the least over devices; they are read in the same tick).  Sums of these over
+    any set of spans are ``window_energy``'s over those spans.  None: no device has two
+    readings."""
+    lo = np.asarray(lo_ns, dtype=np.float64)
+    hi = np.asarray(hi_ns, dtype=np.float64)
+    joules = np.zeros(lo.shape)
+    covered: np.ndarray | None = None
+    for ts, j in readings:
+        t = np.asarray(ts, dtype=np.float64)
+        if t.size < 2:
+            return None
+        joules += energy_between(t, j, lo, hi)
+        c = covered_ns(t, lo, hi) / 1e9
+        covered = c if covered is None else np.minimum(covered, c)
+    if covered is None:
+        return None
+    return joules, covered

@@ -51,7 +51,7 @@ from engine_adapters.probe.gpu import (
     cuda_ordinals,
     visible_handles,
 )
-from engine_adapters.probe.rapl import POWERCAP, RaplReader
+from engine_adapters.probe.rapl import RaplReader
 
 log = logging.getLogger("rltperf.devices")
 
@@ -67,10 +67,10 @@ class HostSampler:
 
     Args:
         pid: the engine process.
-        powercap: where RAPL's zones are (tests pass a folder laid out like it).
+        powercap: where RAPL's zones are (None: ``rapl.powercap_root()``).
     """
 
-    def __init__(self, pid: int, powercap: str = POWERCAP) -> None:
+    def __init__(self, pid: int, powercap: str | None = None) -> None:
         self.rapl = RaplReader(powercap)
         self.energy_na: str | None = self.rapl.reason
         """Why the CPU sample has no energy (set by the sampler thread with NVML's reason too)."""
@@ -220,7 +220,7 @@ class SamplerThread(threading.Thread):
             (on a CPU with nothing cached that is the quick calibration, ~0.3 s once per
             machine), so it is measured before the engine loop competes with it and the
             probe's hello never waits for it.
-        powercap: where the CPU packages' RAPL zones are (tests pass a folder laid out like it).
+        powercap: where the CPU packages' RAPL zones are (None: ``rapl.powercap_root()``).
     """
 
     def __init__(
@@ -233,7 +233,7 @@ class SamplerThread(threading.Thread):
         dtype: str | None = None,
         nvml: Any = None,
         prepare_ceiling: bool = False,
-        powercap: str = POWERCAP,
+        powercap: str | None = None,
     ) -> None:
         super().__init__(name="rltperf-devices", daemon=True)
         self.sink = sink

@@ -16,16 +16,25 @@ from engine_adapters.definitions.energy import Unwrapper
 
 POWERCAP = "/sys/class/powercap"
 """Where the kernel exposes RAPL zones."""
+ENV_POWERCAP = "RLTPERF_POWERCAP"
+"""Environment variable naming another folder laid out like ``POWERCAP`` (a container's
+bind mount of the host's, or a test's tree)."""
+
+
+def powercap_root() -> str:
+    """``RLTPERF_POWERCAP`` when set, else ``POWERCAP``."""
+    return os.environ.get(ENV_POWERCAP) or POWERCAP
 
 
 class RaplReader:
     """Cumulative joules of every CPU package, or ``reason`` why there are none.
 
     Args:
-        root: the powercap directory (tests pass a folder laid out like it).
+        root: the powercap directory; None: ``powercap_root()``.
     """
 
-    def __init__(self, root: str = POWERCAP) -> None:
+    def __init__(self, root: str | None = None) -> None:
+        root = root or powercap_root()
         self.root = root
         self.zones: list[tuple[str, Unwrapper]] = []
         self.reason: str | None = None

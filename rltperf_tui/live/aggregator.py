@@ -225,6 +225,7 @@ class TargetStats:
         """Statistics over the window of the last ``seconds`` of data time (None: the whole
         stream), against this target's ceiling and stage names (``StepWindows.window``)."""
         info = self.info
+        since = self.clock.window_bounds(seconds)[0] if seconds is not None else None
         return self.windows.window(
             seconds,
             slo_ttft_ms,
@@ -232,6 +233,9 @@ class TargetStats:
             ceiling=self.ceiling,
             stage_names=self.stage_names,
             max_loops=info.max_loops if info else None,
+            energy=self.stream.energy_readings(since),
+            energy_source=self.stream.energy_source.get(self.stream.energy_device()),
+            energy_why=self.stream.energy_why(),
         )
 
     def timeline(self, seconds: float = 30.0, buckets: int = 60) -> dict[str, Any]:

@@ -18,7 +18,8 @@ import pytest
 from fake_pynvml import FakeGpu, FakeNvml
 
 from engine_adapters.definitions import energy as E
-from engine_adapters.definitions.records import DeviceSample
+from engine_adapters.definitions import figures as F
+from engine_adapters.definitions.records import FLAG_PROFILED, DeviceSample
 from engine_adapters.probe.devices import HostSampler, NvmlSampler, SamplerThread
 from engine_adapters.probe.rapl import RaplReader
 
@@ -168,27 +169,79 @@ def test_gpu_without_energy_counter_is_na_with_reason() -> None:
 # --------------------------------------------------------------------------- the window's figures
 
 
-def test_mean_power_by_hand_with_excluded_time() -> None:
-    # 100 W for 0-10 s, 300 W for 10-20 s; readings every second
-    t = np.arange(0, 21) * 1e9
-    e = np.concatenate([np.arange(0, 11) * 100.0, 1000 + np.arange(1, 11) * 300.0])
-    assert E.mean_power_w(t, e, 0, 20e9) == pytest.approx(200.0)
-    # leave the 300 W half out: the window's power is the remaining 100 W
-    assert E.mean_power_w(t, e, 0, 20e9, [10e9], [20e9]) == pytest.approx(100.0)
-    # a window reaching past the last reading divides by the covered time only
-    assert E.mean_power_w(t, e, 15e9, 25e9) == pytest.approx(300.0)
-    # between readings: linear interpolation of the counter (2.5 s of 100 W + 2.5 s of 300 W)
-    assert E.mean_power_w(t, e, 7.5e9, 12.5e9) == pytest.approx(200.0)
-    # too little covered time: no figure rather than a quantisation artefact
-    assert E.mean_power_w(t, e, 3e9, 4e9) is None
-    assert E.mean_power_w(t[:1], e[:1], 0, 20e9) is None
+def _steps(n: int) -> dict[str, np.ndarray]:
+    # n contiguous 1-second steps from t = 0, 10 tokens each, nothing else reported
+    start = np.arange(n, dtype=np.int64) * 10**9
+    return {
+        "start": start,
+        "end": start + 10**9,
+        "busy": np.full(n, np.nan),
+        "nbytes": np.full(n, np.nan),
+        "flops": np.full(n, np.nan),
+        "tokens": np.full(n, 10.0),
+    }
 
 
-def test_joules_per_token_is_power_over_rate_on_arrays_and_scalars() -> None:
-    assert E.joules_per(200.0, 400.0) == pytest.approx(0.5)
-    assert np.isnan(E.joules_per(200.0, 0.0))
-    out = E.joules_per(np.array([100.0, 300.0]), np.array([50.0, 0.0]))
-    assert out[0] == pytest.approx(2.0) and np.isnan(out[1])
+def _readings(every_s: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    # 100 W for 0-10 s, 300 W for 10-20 s, the counter read every `every_s` seconds
+    t = np.arange(0, 20 + every_s / 2, every_s)
+    e = np.where(t <= 10, 100 * t, 1000 + 300 * (t - 10))
+    return t * 1e9, e + 5000.0  # a counter does not start at 0
+
+
+def test_window_power_and_joules_per_token_by_hand() -> None:
+    st = _steps(20)
+    fig = F.window_figures(**st, flags=np.zeros(20, dtype=np.int64), w0_ns=0, w1_ns=20 * 10**9,
+                           energy=[_readings()])  # fmt: skip
+    assert fig.power_w == pytest.approx(200.0)
+    assert fig.tokens_per_s == pytest.approx(10.0)
+    assert fig.joules_per_token == pytest.approx(20.0)
+    assert fig.joules_per_step == pytest.approx(200.0)
+    # the 300 W half profiled: its time leaves T and its energy leaves the joules
+    flags = np.where(np.arange(20) >= 10, FLAG_PROFILED, 0)
+    fig = F.window_figures(**st, flags=flags, w0_ns=0, w1_ns=20 * 10**9, energy=[_readings()])
+    assert fig.seconds == pytest.approx(10.0)
+    assert fig.power_w == pytest.approx(100.0) and fig.joules_per_token == pytest.approx(10.0)
+    # readings every 4 s: the counter is interpolated between them (the same answer here)
+    fig = F.window_figures(**st, flags=np.zeros(20, dtype=np.int64), w0_ns=0, w1_ns=20 * 10**9,
+                           energy=[_readings(4.0)])  # fmt: skip
+    assert fig.power_w == pytest.approx(200.0)
+    # two devices read in the same ticks: their powers add
+    fig = F.window_figures(**st, flags=np.zeros(20, dtype=np.int64), w0_ns=0, w1_ns=20 * 10**9,
+                           energy=[_readings(), _readings()])  # fmt: skip
+    assert fig.power_w == pytest.approx(400.0) and fig.joules_per_token == pytest.approx(40.0)
+
+
+def test_window_power_over_covered_time_only_and_none_when_too_little() -> None:
+    st = _steps(20)
+    t, e = _readings()
+    # the window runs past the last reading: power over the covered 5 s, not 10
+    fig = F.window_figures(**st, flags=np.zeros(20, dtype=np.int64), w0_ns=15 * 10**9, w1_ns=25 * 10**9,
+                           energy=[(t, e)])  # fmt: skip
+    assert fig.energy_s == pytest.approx(5.0) and fig.power_w == pytest.approx(300.0)
+    # readings covering less than MIN_SPAN_S: no figure rather than the counter's quantisation
+    fig = F.window_figures(**st, flags=np.zeros(20, dtype=np.int64), w0_ns=0, w1_ns=20 * 10**9,
+                           energy=[(t[:2], e[:2])])  # fmt: skip
+    assert fig.energy_s == pytest.approx(1.0) and fig.power_w is None and fig.joules_per_token is None
+    # no counter at all
+    fig = F.window_figures(**st, flags=np.zeros(20, dtype=np.int64), w0_ns=0, w1_ns=20 * 10**9)
+    assert fig.joules is None and fig.power_w is None
+
+
+def test_energy_ratio_figures_on_arrays_and_scalars() -> None:
+    s = F.RatioSums(
+        seconds=np.array([10.0, 20.0]),
+        tokens=np.array([100.0, 50.0]),
+        busy_s=np.zeros(2),
+        nbytes=np.zeros(2),
+        joules=np.array([2000.0, 3000.0]),
+        energy_s=np.array([10.0, 15.0]),
+    )
+    assert list(F.ratio_figure("power_w", s)) == pytest.approx([200.0, 200.0])
+    assert list(F.ratio_figure("joules_per_token", s)) == pytest.approx([20.0, 80.0])
+    one = F.RatioSums(seconds=10.0, tokens=100.0, busy_s=0.0, nbytes=0.0, joules=1000.0, energy_s=10.0)
+    assert F.ratio_figure("joules_per_token", one) == pytest.approx(10.0)
+    assert F.ratio_figure("power_w", F.RatioSums(seconds=1.0, tokens=1.0, busy_s=0.0, nbytes=0.0)) is None
 
 
 def test_every_source_has_a_caveat() -> None:
