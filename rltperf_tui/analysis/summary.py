@@ -93,8 +93,15 @@ def summarize(
     out["random_weights"] = info.random_weights if info else None
     out["figures_from"] = "steps" if w.steps else None
     out["energy"] = w.energy_summary()
-    if w.power_w is None and not stats.stream.energy and stats.stream.energy_why() is None and window_s is None:
-        out["energy"]["reason"] = "the recording holds no energy counter readings (made before rltperf read them)"
+    if (
+        w.power_w is None
+        and not stats.stream.energy
+        and stats.stream.energy_why() is None
+        and window_s is None
+    ):
+        out["energy"]["reason"] = (
+            "the recording holds no energy counter readings (made before rltperf read them)"
+        )
     out["statistics"] = (
         "percentiles of pooled samples over the whole recording; rates over its wall time "
         "(first to last timestamp), profiled/exporting/warm-up steps and their time left out"
