@@ -33,8 +33,10 @@ Each ratio is one function (``idle_fraction``, ``per_second``, ``mbu``) that tak
 scalars (one window) or numpy arrays (many windows at once: ``compare``'s quarters of
 a recording, its bootstrap resamples), and ``RATIO_FIGURES`` names them by the key
 ``summary --json`` and ``compare`` use, so that a figure ``compare`` resamples is the
-figure the window shows.  A new ratio (energy per token: Σ joules / Σ output tokens)
-is one more sum on ``RatioSums`` and one more entry there.
+figure the window shows.  Energy is two more sums: the joules the device's own counter
+gained over T and the part of T its readings cover (``energy.window_energy``); power =
+joules / covered time; joules per output token = power / tokens/s (``power_w``,
+``joules_per_token``).
 
 Exporting steps stay out, measured (``rltperf bench exporting``): on a loaded 2-core
 host the engine made 0.2-0.6 x its steps/s and tokens/s while a bundle exported (the
@@ -61,6 +63,8 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from engine_adapters.definitions.energy import MIN_SPAN_S as MIN_ENERGY_SPAN_S
+from engine_adapters.definitions.energy import window_energy
 from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
 
 EXCLUDED_FLAGS = FLAG_PROFILED | FLAG_EXPORTING | FLAG_WARMUP
@@ -113,6 +117,18 @@ def mbu(nbytes: Num, seconds: Num, peak_bw_gbps: float) -> Num:
     return quotient(nbytes, np.multiply(seconds, peak_bw_gbps) * 1e9)
 
 
+def power_w(joules: Num, energy_s: Num) -> Num:
+    """Mean power, W: the joules the device's energy counter gained / the time its
+    readings cover (``energy.window_energy``).  Scalars or arrays."""
+    return quotient(joules, energy_s)
+
+
+def joules_per_token(joules: Num, energy_s: Num, tokens: Num, seconds: Num) -> Num:
+    """Joules per output token: the window's power / its tokens/s (so the window's
+    exclusions apply to both).  Scalars or arrays; inf or NaN without tokens."""
+    return quotient(power_w(joules, energy_s), per_second(tokens, seconds))
+
+
 @dataclass(frozen=True)
 class RatioSums:
     """What the window's ratio figures are made of: their sums and T.  Floats for one
@@ -127,12 +143,22 @@ class RatioSums:
     """Σ device busy time, seconds."""
     nbytes: Any
     """Σ bytes read + written."""
+    joules: Any = None
+    """Joules the device's energy counter gained over T (None: no counter)."""
+    energy_s: Any = None
+    """The part of T the counter's readings cover, seconds (None: no counter)."""
+
+
+def _energy_figure(f: Callable[[RatioSums], Any]) -> Callable[[RatioSums, float | None], Any]:
+    return lambda s, _peak: None if s.joules is None or s.energy_s is None else f(s)
 
 
 RATIO_FIGURES: dict[str, Callable[[RatioSums, float | None], Any]] = {
     "tokens_per_s": lambda s, _peak: per_second(s.tokens, s.seconds),
     "idle_fraction": lambda s, _peak: idle_fraction(s.busy_s, s.seconds),
     "mbu": lambda s, peak: mbu(s.nbytes, s.seconds, peak) if peak else None,
+    "power_w": _energy_figure(lambda s: power_w(s.joules, s.energy_s)),
+    "joules_per_token": _energy_figure(lambda s: joules_per_token(s.joules, s.energy_s, s.tokens, s.seconds)),
 }
 """The window's ratio figures by their ``summary --json`` / ``compare`` key: each a
 function of the sums (and the peak bandwidth, for MBU: None without one)."""
@@ -170,6 +196,10 @@ class WindowFigures:
     """Σ analytic FLOPs (None: not reported)."""
     tokens: float
     """Σ output tokens."""
+    joules: float | None = None
+    """Joules the device's energy counter gained over T (None: no counter readings)."""
+    energy_s: float | None = None
+    """The part of T the counter's readings cover, seconds."""
 
     @property
     def wall_s(self) -> float:
@@ -198,6 +228,26 @@ class WindowFigures:
         if self.nbytes is None or not peak_bw_gbps or self.seconds <= 0:
             return None
         return mbu(self.nbytes, self.seconds, peak_bw_gbps)
+
+    @property
+    def power_w(self) -> float | None:
+        """Mean device power over T, W; None without a counter or with less than
+        ``energy.MIN_SPAN_S`` of readings."""
+        if self.joules is None or self.energy_s is None or self.energy_s < MIN_ENERGY_SPAN_S:
+            return None
+        return power_w(self.joules, self.energy_s)
+
+    @property
+    def joules_per_token(self) -> float | None:
+        """Power / tokens/s: joules per output token (None: no power or no tokens)."""
+        p, r = self.power_w, self.tokens_per_s
+        return quotient(p, r) if p is not None and r else None
+
+    @property
+    def joules_per_step(self) -> float | None:
+        """Power / steps/s: joules per baseline step (None: no power or no steps)."""
+        p, r = self.power_w, self.steps_per_s
+        return quotient(p, r) if p is not None and r else None
 
     def per_second(self, count: float) -> float | None:
         """``count`` / T (goodput: requests meeting both SLOs)."""
@@ -278,13 +328,16 @@ def window_figures(
     w1_ns: int,
     owned_lo: np.ndarray | None = None,
     reported: tuple[bool, bool, bool] = (False, False, False),
+    energy: Any = (),
 ) -> WindowFigures:
     """The figures of window ``[w0_ns, w1_ns]`` over the given steps (in stream order;
     steps wholly outside the window add nothing).  ``busy``/``nbytes``/``flops`` are
     float arrays with NaN where unknown.  ``owned_lo`` is each step's owned-time start
     (``owned_from``); by default the previous step's end, the first step owning from its
     own start.  ``reported`` says whether the engine reports busy, bytes and FLOPs at
-    all: then a window without such steps sums to 0 (idle 1, MBU 0), not unknown."""
+    all: then a window without such steps sums to 0 (idle 1, MBU 0), not unknown.
+    ``energy``: one ``(ts_ns, joules)`` pair of arrays per device, the cumulative energy
+    counter readings (``energy.window_energy``; empty: no counter)."""
     w0, w1 = int(w0_ns), int(max(w0_ns, w1_ns))
     start = np.asarray(start, dtype=np.int64)
     end = np.asarray(end, dtype=np.int64)
@@ -308,6 +361,7 @@ def window_figures(
         return float((v[known] * frac[known]).sum())
 
     busy_s = opt_sum(busy, reported[0])
+    en = window_energy(energy, w0, w1, owned_lo[excl], end[excl]) if len(energy) else None
     return WindowFigures(
         w0_ns=w0,
         w1_ns=w1,
@@ -318,6 +372,8 @@ def window_figures(
         nbytes=opt_sum(nbytes, reported[1]),
         flops=opt_sum(flops, reported[2]),
         tokens=float((np.asarray(tokens, dtype=np.float64) * frac).sum()),
+        joules=en[0] if en is not None else None,
+        energy_s=en[1] if en is not None else None,
     )
 
 

@@ -370,6 +370,14 @@ class DeviceSample(_Rec, tag="dev", frozen=True):
     """Host memory total, bytes."""
     note: str | None = None
     """A one-off message, e.g. ``"no NVIDIA driver: the CPU is the device"``."""
+    energy_j: float | None = None
+    """The device's cumulative energy counter, J (only differences mean anything): NVML's
+    total energy on a GPU, the CPU packages' RAPL counters (wraps undone) on ``cpu``.
+    None: no counter (``energy_na`` says why).  Never estimated (``definitions/energy.py``)."""
+    energy_source: str | None = None
+    """Where ``energy_j`` comes from: ``nvml`` or ``rapl`` (``definitions.energy.CAVEATS``)."""
+    energy_na: str | None = None
+    """Why this device has no energy counter, e.g. ``"no NVIDIA driver; RAPL not readable (...)"``."""
 
 
 class Stats(_Rec, tag="stats", frozen=True):

@@ -17,6 +17,9 @@ What is read per GPU and tick (each a single cheap NVML query):
   since the previous tick: DRAM bandwidth utilisation, SM occupancy, any-tensor
   utilisation, PCIe and NVLink MiB/s;
 - memory used/total, SM and memory clocks, power, temperature;
+- energy: ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since the driver loaded), and on
+  the host the CPU packages' RAPL counters (``rapl.py``); what they mean and how a
+  window turns them into watts and joules per token: ``definitions/energy.py``;
 - PCIe throughput without GPM through ``nvmlDeviceGetPcieThroughput``, which blocks
   ~20 ms while it counts: read every ``PCIE_EVERY`` ticks and repeated in between.
 
@@ -48,6 +51,7 @@ from engine_adapters.probe.gpu import (
     cuda_ordinals,
     visible_handles,
 )
+from engine_adapters.probe.rapl import RaplReader
 
 log = logging.getLogger("rltperf.devices")
 
@@ -59,9 +63,17 @@ NOTE_REPEAT_S = 5.0
 
 
 class HostSampler:
-    """psutil readings of the host and one process."""
+    """psutil readings of the host and one process, and the CPU packages' RAPL energy.
 
-    def __init__(self, pid: int) -> None:
+    Args:
+        pid: the engine process.
+        powercap: where RAPL's zones are (None: ``rapl.powercap_root()``).
+    """
+
+    def __init__(self, pid: int, powercap: str | None = None) -> None:
+        self.rapl = RaplReader(powercap)
+        self.energy_na: str | None = self.rapl.reason
+        """Why the CPU sample has no energy (set by the sampler thread with NVML's reason too)."""
         self.proc = psutil.Process(pid)
         self.proc.cpu_percent(None)
         psutil.cpu_percent(None, percpu=True)
@@ -78,6 +90,7 @@ class HostSampler:
         except psutil.Error:
             proc_cpu, rss = None, None
         vm = psutil.virtual_memory()
+        energy = self.rapl.read_j()
         return DeviceSample(
             ts_ns=_clk(),
             index=0,
@@ -88,6 +101,9 @@ class HostSampler:
             host_cpu=[c / 100.0 for c in psutil.cpu_percent(None, percpu=True)],
             host_mem_used=vm.total - vm.available,
             host_mem_total=vm.total,
+            energy_j=energy,
+            energy_source="rapl" if energy is not None else None,
+            energy_na=None if energy is not None else self.energy_na or "RAPL did not answer this time",
         )
 
 
@@ -109,6 +125,8 @@ class NvmlSampler:
     def __init__(self, devices: Sequence[str | None] | None = None, nvml: Any = None) -> None:
         self.gpus: list[GpuSampler] = []
         self.note: str | None = None
+        self.no_gpu_reason: str | None = None
+        """Why no GPU is sampled, in a few words (``no NVIDIA driver (...)``), else None."""
         self.nvml = nvml
         self._inited = False
         wanted = cuda_ordinals(devices)
@@ -133,6 +151,7 @@ class NvmlSampler:
             self.note = self._cpu_note(wanted, f"NVML could not list GPUs ({exc})")
             return
         if wanted == []:
+            self.no_gpu_reason = "the engine runs on the CPU"
             self.note = f"the engine runs on the CPU: the CPU is the device ({len(handles)} NVIDIA GPU(s) present, not sampled)"
             return
         ordinals = list(range(len(handles))) if wanted is None else wanted
@@ -155,8 +174,8 @@ class NvmlSampler:
             )
             self.note = f"{self.note}; {extra}" if self.note else extra
 
-    @staticmethod
-    def _cpu_note(wanted: list[int] | None, reason: str) -> str:
+    def _cpu_note(self, wanted: list[int] | None, reason: str) -> str:
+        self.no_gpu_reason = reason
         if wanted:
             return f"{reason}: GPU utilisation, memory and clocks are not available (N/A)"
         return f"{reason}: the CPU is the device"
@@ -201,6 +220,7 @@ class SamplerThread(threading.Thread):
             (on a CPU with nothing cached that is the quick calibration, ~0.3 s once per
             machine), so it is measured before the engine loop competes with it and the
             probe's hello never waits for it.
+        powercap: where the CPU packages' RAPL zones are (None: ``rapl.powercap_root()``).
     """
 
     def __init__(
@@ -213,6 +233,7 @@ class SamplerThread(threading.Thread):
         dtype: str | None = None,
         nvml: Any = None,
         prepare_ceiling: bool = False,
+        powercap: str | None = None,
     ) -> None:
         super().__init__(name="rltperf-devices", daemon=True)
         self.sink = sink
@@ -220,6 +241,7 @@ class SamplerThread(threading.Thread):
         self.period_s = period_s
         self.devices = list(devices) if devices is not None else None
         self.nvml = nvml
+        self.powercap = powercap
         self._stop_ev = threading.Event()
         if prepare_ceiling:
             try:
@@ -232,7 +254,7 @@ class SamplerThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            host = HostSampler(self.pid)
+            host = HostSampler(self.pid, self.powercap)
         except Exception as exc:
             log.warning("device sampler disabled: %s", exc)
             return
@@ -241,6 +263,9 @@ class SamplerThread(threading.Thread):
             gpus = NvmlSampler(self.devices, self.nvml)
         except Exception as exc:
             log.warning("GPU sampling disabled: %s", exc)
+        if host.rapl.reason:
+            why = gpus.no_gpu_reason if gpus is not None else "GPU sampling failed to start"
+            host.energy_na = f"{why}; {host.rapl.reason}" if why else host.rapl.reason
         note: str | None = None
         note_due = 0.0
         nxt = time.monotonic()

@@ -295,6 +295,7 @@ class GpuSampler:
         temp = self._call(
             "temp", self._fn("nvmlDeviceGetTemperature"), h, getattr(nv, "NVML_TEMPERATURE_GPU", 0)
         )
+        energy_mj = self._call("energy", self._fn("nvmlDeviceGetTotalEnergyConsumption"), h)
         gpm = self._gpm_read() if self._gpm is not None else {}
         pcie_tx, pcie_rx = gpm.get("pcie_tx_bps"), gpm.get("pcie_rx_bps")
         if self._gpm is None and (self._tick == 1 or self._tick % PCIE_EVERY == 0):
@@ -329,7 +330,15 @@ class GpuSampler:
             pcie_tx_bps=pcie_tx,
             pcie_rx_bps=pcie_rx,
             nvlink_bps=nvl,
+            energy_j=energy_mj / 1000.0 if energy_mj is not None else None,
+            energy_source="nvml" if energy_mj is not None else None,
+            energy_na=None if energy_mj is not None else self._energy_na(),
         )
+
+    def _energy_na(self) -> str:
+        if "energy" in self.unsupported:
+            return f"GPU {self.index} ({self.name}): NVML has no energy counter (Volta or newer needed)"
+        return f"GPU {self.index}: the energy counter did not answer this time"
 
     def close(self) -> None:
         """Free the GPM samples."""

@@ -32,6 +32,8 @@ rltperf_captures_total                       counter    captures, labels ``mode`
 rltperf_probe_dropped_records_total          counter    step records lost by the probe's ring
 rltperf_device_utilization_ratio             gauge      NVML utilisation (coarse), label ``device``
 rltperf_device_memory_used_bytes             gauge      device memory used, label ``device``
+rltperf_device_energy_joules_total           counter    the device's energy counter since the probe started,
+                                                        label ``device``, ``source`` (nvml/rapl; never estimated)
 ===========================================  =========  ===========================================
 
 The window gauges are ``engine_adapters.definitions.figures``'s definitions, the same code the
@@ -251,6 +253,13 @@ class PrometheusExporter:
         self.dev_mem = Gauge(
             "rltperf_device_memory_used_bytes", "Device memory used", ["device"], registry=reg
         )
+        self.energy = Counter(
+            "rltperf_device_energy_joules",
+            "Energy the device's own counter (NVML or RAPL) measured since the probe started; whole-device",
+            ["device", "source"],
+            registry=reg,
+        )
+        self._energy_last: dict[str, float] = {}
         self.peak_gauge = Gauge(
             "rltperf_peak_memory_bandwidth_bytes_per_second",
             "Peak memory bandwidth MBU is measured against",
@@ -346,6 +355,12 @@ class PrometheusExporter:
                     self.dev_util.labels(device=dev).set(r.gpu_util)
                 if r.mem_used is not None:
                     self.dev_mem.labels(device=dev).set(r.mem_used)
+                if r.energy_j is not None and r.energy_source:
+                    last = self._energy_last.get(dev)
+                    self._energy_last[dev] = r.energy_j
+                    c = self.energy.labels(device=dev, source=r.energy_source)
+                    if last is not None and r.energy_j >= last:  # a counter only counts up
+                        c.inc(r.energy_j - last)
             elif isinstance(r, (CaptureStarted, CaptureDone, CaptureFailed)):
                 self._control(r)
         if win_add:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_adapters.definitions import energy as E
 from engine_adapters.definitions import figures as F
 from rltperf_tui.analysis import gate as G
 from rltperf_tui.analysis import stats as S
@@ -238,7 +239,40 @@ def _rate_diffs(
         d = S.Diff("MBU", "fraction", None, None, verdict="no data", reason=why)
     d.extra["key"] = "mbu"
     diffs.append(d)
+    _energy_diffs(A, B, ab, bb, diffs, warnings, rng, resamples)
     return peak_mbu
+
+
+def _energy_diffs(
+    A: RecSeries,
+    B: RecSeries,
+    ab: S.BlockSums,
+    bb: S.BlockSums,
+    diffs: list[S.Diff],
+    warnings: list[str],
+    rng: np.random.Generator,
+    resamples: int,
+) -> None:
+    """Joules per output token and power, from each side's energy counter (figures)."""
+    parts = A.parts + B.parts
+    sources = {p["energy_source"] for p in parts}
+    why = next(
+        (p["energy_why"] or "no energy counter readings" for p in parts if not p["energy_known"]), None
+    )
+    if why is None and len(sources) > 1:
+        why = f"A and B measured energy with different counters ({', '.join(sorted(map(str, sources)))})"
+    for metric, unit, key in (("energy per token", "J/tok", "joules_per_token"), ("power", "W", "power_w")):
+        if why is None and ab.joules is not None and bb.joules is not None:
+            d = S.compare_ratio(metric, unit, ab, bb, key, rng, resamples)
+        else:
+            d = S.Diff(
+                metric, unit, None, None, verdict="no data", reason=why or "no energy counter readings"
+            )
+        d.extra["key"] = key
+        diffs.append(d)
+    if why is None:
+        src = next(iter(sources))
+        warnings.append(f"energy: {E.CAVEATS.get(src, src)}")
 
 
 def _segment_drift(A: RecSeries, B: RecSeries, diffs: list[S.Diff], peak: float | None) -> dict[str, Any]:
@@ -363,14 +397,17 @@ def _segment_values(part: dict[str, Any], key: str, peak: float | None) -> list[
     return [float(v) for v in F.ratio_figure(key, sums, peak)]
 
 
-def _ratio_sums(raw: dict[str, np.ndarray], groups: list[np.ndarray]) -> F.RatioSums:
+def _ratio_sums(raw: dict[str, Any], groups: list[np.ndarray]) -> F.RatioSums:
     """The ratio figures' sums over each group of a recording's steps; time is the
     steps' owned time, as the whole recording's (figures)."""
+    en = raw.get("energy")
     return F.RatioSums(
         seconds=np.array([float(raw["owned_ns"][g].sum()) / 1e9 for g in groups]),
         tokens=np.array([raw["tokens"][g].sum() for g in groups]),
         busy_s=np.array([np.nansum(raw["busy"][g]) / 1e9 for g in groups]),
         nbytes=np.array([np.nansum(raw["bytes"][g]) for g in groups]),
+        joules=np.array([en[0][g].sum() for g in groups]) if en is not None else None,
+        energy_s=np.array([en[1][g].sum() for g in groups]) if en is not None else None,
     )
 
 

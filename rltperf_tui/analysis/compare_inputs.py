@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_adapters.definitions import energy as E
 from engine_adapters.definitions import figures as F
 from engine_adapters.definitions import roofline as RL
 from engine_adapters.definitions.records import (
@@ -129,12 +130,16 @@ class RecSeries:
     def blocks(self) -> S.BlockSums:
         """Block sums of every recording, concatenated (blocks never straddle two files)."""
         bs = [p["blocks"] for p in self.parts]
-        return S.BlockSums(
+        out = S.BlockSums(
             *(
                 np.concatenate([getattr(b, f) for b in bs])
                 for f in ("span_s", "tokens", "busy_s", "busy_known", "nbytes", "bytes_known")
             )
         )
+        if all(b.joules is not None and b.energy_s is not None for b in bs):
+            out.joules = np.concatenate([b.joules for b in bs])
+            out.energy_s = np.concatenate([b.energy_s for b in bs])
+        return out
 
     @property
     def info(self) -> EngineInfo | None:
@@ -161,7 +166,8 @@ def _series_part(
     tpot = R.last("tpot") / 1e6
     rkeep = _requests_kept(R.last("arrival"), R.last("finish"), start, end, flags)
     k = int(keep.sum())
-    owned_k, span_s, blk, bs = _time_blocks(stats, start, end, keep, block_s)
+    energy = step_energy(stats, start, end, keep, *stats.window_bounds(None))
+    owned_k, span_s, blk, bs = _time_blocks(stats, start, end, keep, block_s, energy)
     stages = St.last("stages")[keep]
     exits = St.last("exit")[keep].sum(axis=0)
     nbytes = St.last("bytes")[keep]
@@ -198,7 +204,11 @@ def _series_part(
             "busy": St.last("busy")[keep],
             "bytes": St.last("bytes")[keep],
             "owned_ns": owned_k,
+            "energy": energy,
         },
+        "energy_known": bs.joules is not None,
+        "energy_source": stats.stream.energy_source.get(stats.stream.energy_device()),
+        "energy_why": stats.stream.energy_why(),
         "dropped": stats.dropped,
     }
     warns = []
@@ -223,7 +233,12 @@ def _requests_kept(
 
 
 def _time_blocks(
-    stats: Any, start: np.ndarray, end: np.ndarray, keep: np.ndarray, block_s: float
+    stats: Any,
+    start: np.ndarray,
+    end: np.ndarray,
+    keep: np.ndarray,
+    block_s: float,
+    energy: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, float, int, S.BlockSums]:
     """The baseline steps' owned time, its total (s), the block length in steps and the
     block sums for the ratio metrics.
@@ -231,7 +246,7 @@ def _time_blocks(
     Time is the recording's wall time, tiled by the steps (each owns the time since the
     previous step's end; engine_adapters.definitions.figures): excluded steps take theirs
     out, and the quiet tail after the last step belongs to the last block, whether or not
-    that step was excluded."""
+    that step was excluded.  ``energy``: the kept steps' ``step_energy``."""
     St = stats.steps
     k = int(keep.sum())
     w0, w1 = stats.window_bounds(None)
@@ -255,7 +270,25 @@ def _time_blocks(
     if k:  # the blocks' spans: their steps' owned time (block_sums measures start to start)
         cuts = np.arange(0, k, blk)
         bs.span_s = np.add.reduceat(owned_k, cuts) / 1e9
+        if energy is not None:  # the kept steps' energy (step_energy), summed like the time
+            bs.joules = np.add.reduceat(energy[0], cuts)
+            bs.energy_s = np.add.reduceat(energy[1], cuts)
     return owned_k, span_s, blk, bs
+
+
+def step_energy(
+    stats: Any, start: np.ndarray, end: np.ndarray, keep: np.ndarray, w0: int, w1: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The joules the energy device's counter gained in each kept step's owned time (the
+    last one's quiet tail included, as in ``_time_blocks``) and the seconds of it the
+    readings cover; None: the recording has no energy counter (``energy.span_energy``)."""
+    readings = stats.stream.energy_readings()
+    if not readings or not keep.any():
+        return None
+    lo = F.owned_from(start, end, w0)[keep]
+    hi = end[keep].copy()
+    hi[-1] = max(int(hi[-1]), w1)
+    return E.span_energy(readings, lo, hi)
 
 
 def load_side(

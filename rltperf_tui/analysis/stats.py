@@ -272,6 +272,10 @@ class BlockSums:
     busy_known: np.ndarray
     nbytes: np.ndarray
     bytes_known: np.ndarray
+    joules: np.ndarray | None = None
+    """Joules the device's energy counter gained in each block (None: no counter)."""
+    energy_s: np.ndarray | None = None
+    """Seconds of each block the counter's readings cover."""
 
 
 def block_sums(
@@ -330,6 +334,8 @@ def ratio_metric(
             tokens=bs.tokens[idx].sum(axis=1),
             busy_s=bs.busy_s[idx].sum(axis=1),
             nbytes=bs.nbytes[idx].sum(axis=1),
+            joules=bs.joules[idx].sum(axis=1) if bs.joules is not None else None,
+            energy_s=bs.energy_s[idx].sum(axis=1) if bs.energy_s is not None else None,
         )
         return np.asarray(F.ratio_figure(which, sums, peak_bw_gbps))
 

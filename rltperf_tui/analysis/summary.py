@@ -33,7 +33,7 @@ SUMMARY_KEYS = (
     "tokens_per_s", "ttft_ms", "tpot_ms", "requests", "dropped", "peak", "achieved_gbps", "verdict",
     "steps_per_s", "stage_ms_mean", "goodput_rps", "profiled_steps", "excluded", "stale_s", "exit_hist",
     "mean_exit_depth", "loop_ms", "loop_tokens", "acceptance_rate", "mean_acceptance_len", "engine", "random_weights",
-    "figures_from", "statistics", "metrics", "warning", "identity", "ranks",
+    "figures_from", "statistics", "metrics", "warning", "identity", "ranks", "energy",
 )  # fmt: skip
 """The top-level keys of ``rltperf summary --json``: the same for every kind of target
 (a figure a target cannot give is null).  ``figures_from`` says where the top-level
@@ -103,6 +103,16 @@ def summarize(
     rf = stats.rank_window(kept)
     out["ranks"] = rf.as_summary() if rf is not None else None
     out["figures_from"] = "steps" if w.steps else None
+    out["energy"] = w.energy_summary()
+    if (
+        w.power_w is None
+        and not stats.stream.energy
+        and stats.stream.energy_why() is None
+        and window_s is None
+    ):
+        out["energy"]["reason"] = (
+            "the recording holds no energy counter readings (made before rltperf read them)"
+        )
     out["statistics"] = (
         "percentiles of pooled samples over the whole recording; rates over its wall time "
         "(first to last timestamp), profiled/exporting/warm-up steps and their time left out"
@@ -138,6 +148,10 @@ def identity(info: EngineInfo | None) -> dict[str, Any] | None:
 def _from_metrics(out: dict[str, Any], mw: MetricsWindow) -> None:
     """The top-level figures of a recording without step records, from its metrics window."""
     out["figures_from"] = "metrics"
+    if out["energy"]["power_w"] is None:  # the server's /metrics has no energy counter
+        out["energy"]["reason"] = (
+            f"{mw.source} carries no energy counter; install rltperf in the server (plugin) for the device's"
+        )
     out["wall_s"] = out["baseline_s"] = round(mw.span_s, 6)  # the scrape intervals the rates are over
     out["tokens_per_s"] = mw.tokens_per_s
     out["steps_per_s"] = mw.steps_per_s

@@ -49,6 +49,16 @@ def _p(d: dict[str, Any]) -> str:
     return "  ".join(f"{k} {_f(v)}" for k, v in d.items())
 
 
+def _energy_line(e: dict[str, Any]) -> str:
+    """Power and joules per output token with the counter's caveat, or why there are none."""
+    if e["power_w"] is None:
+        return f"energy      n/a: {e['reason']}"
+    return (
+        f"energy      {e['power_w']:.1f} W, {_f(e['joules_per_token'], '{:.4g}')} J/token, "
+        f"{_f(e['joules_per_step'], '{:.4g}')} J/step ({e['caveat']})"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     stats, header, warning = load_recording(args.file, args.peak_gbps, args.peak_gflops)
     if not stats.records:
@@ -92,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         f"TPOT ms     {_p(out['tpot_ms'])}",
         f"requests    ok {out['requests']['ok']}  failed {out['requests']['failed']}"
         + (f"  goodput {out['goodput_rps']:.2f} req/s" if out["goodput_rps"] is not None else ""),
+        _energy_line(out["energy"]),
         "(histogram estimates from the server's metrics; see below)"
         if from_metrics
         else "(percentiles of pooled samples over the whole recording)",

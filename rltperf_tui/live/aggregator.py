@@ -240,6 +240,7 @@ class TargetStats:
         capture's export owns most of it: ``figures.blind``) gives the figures of the
         newest such window that was not, with ``stale_s`` set (``figures.HeldFigures``)."""
         info = self.info
+        since = self.clock.window_bounds(seconds)[0] if seconds is not None else None
         w = self.windows.window(
             seconds,
             slo_ttft_ms,
@@ -247,6 +248,9 @@ class TargetStats:
             ceiling=self.ceiling,
             stage_names=self.stage_names,
             max_loops=info.max_loops if info else None,
+            energy=self.stream.energy_readings(since),
+            energy_source=self.stream.energy_source.get(self.stream.energy_device()),
+            energy_why=self.stream.energy_why(),
         )
         if not (seconds is not None if hold is None else hold):
             return w

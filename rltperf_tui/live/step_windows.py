@@ -148,12 +148,17 @@ class StepWindows:
         ceiling: Ceiling | None = None,
         stage_names: list[str] | None = None,
         max_loops: int | None = None,
+        energy: Any = (),
+        energy_source: str | None = None,
+        energy_why: str | None = None,
     ) -> Window:
         """Statistics over the window of the last ``seconds`` of data time (None: the whole
         stream); rates are ``engine_adapters.definitions.figures``'s, percentiles leave excluded steps
         (profiled, exporting, warm-up) and the requests in flight during them out.
         ``ceiling``: the peaks for MBU and the roofline; ``max_loops``: the engine's loop
-        depth (None: the deepest exit seen)."""
+        depth (None: the deepest exit seen); ``energy``: the energy device's counter
+        readings (``StreamState.energy_readings``), ``energy_source`` their source and
+        ``energy_why`` why there are none."""
         clock = self.clock
         names = stage_names or []
         w0, w1 = clock.window_bounds(seconds)
@@ -186,6 +191,7 @@ class StepWindows:
             w1_ns=w1,
             owned_lo=owned_lo,
             reported=self.reported,
+            energy=energy,
         )
         keep = (flags & F.EXCLUDED_FLAGS) == 0
         n_keep = int(keep.sum())
@@ -260,6 +266,11 @@ class StepWindows:
             quiet_s=clock.quiet_s,
             in_step_idle=in_step_idle,
             blind=F.blind(fig),
+            power_w=fig.power_w,
+            joules_per_token=fig.joules_per_token,
+            joules_per_step=fig.joules_per_step,
+            energy_source=energy_source if fig.power_w is not None else None,
+            energy_na=None if fig.power_w is not None else _energy_na(fig, energy_why),
         )
 
     def _request_figures(
@@ -476,3 +487,10 @@ def _ceiling_ms_p50(
         return None
     per_step = roofline.ceiling_time_s(nbytes[bknown], np.where(fknown, flops, 0.0)[bknown], peak_bw, peak_fl)
     return float(np.median(per_step) * 1e3)
+
+
+def _energy_na(fig: F.WindowFigures, why: str | None) -> str:
+    """What the energy figures wait for, or why they never come."""
+    if fig.joules is None:
+        return why or "no energy counter readings yet (the probe sends them about once a second)"
+    return f"waiting for readings: the energy counter covers {fig.energy_s or 0:.1f} s of the window"

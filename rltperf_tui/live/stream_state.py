@@ -12,6 +12,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from engine_adapters.definitions.records import (
     Bye,
     CaptureDone,
@@ -28,6 +30,10 @@ from engine_adapters.definitions.records import (
     StageTable,
     Stats,
 )
+
+ENERGY_READINGS = 36_000
+"""Energy counter readings kept per device: 10 h at the probe's 1 Hz (a whole recording's
+power is over the readings kept; ``energy.window_energy`` divides by the time they cover)."""
 
 CAPTURE_EVENTS = (CaptureStarted, CaptureProgress, CaptureExporting, CaptureDone, CaptureFailed)
 """The records that move a capture along (``StreamState.capture_event``)."""
@@ -145,6 +151,12 @@ class StreamState:
     """The probe said goodbye."""
     gpu_util: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=600))
     dram_util: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=600))
+    energy: dict[tuple[str, int], deque[tuple[int, float]]] = field(default_factory=dict)
+    """Each device's energy counter readings ``(ts_ns, joules)``, the newest ``ENERGY_READINGS``."""
+    energy_source: dict[str, str] = field(default_factory=dict)
+    """The energy counter's source by device kind (``nvml``, ``rapl``)."""
+    energy_na: dict[str, str] = field(default_factory=dict)
+    """Why a device kind has no energy counter (the newest reason said)."""
 
     def add(self, r: Record) -> bool:
         """Take one record that is not a step or a request; False: not one of this
@@ -162,6 +174,15 @@ class StreamState:
                 self.gpu_util.append((r.ts_ns, r.gpu_util))
             if r.dram_bw_util is not None:
                 self.dram_util.append((r.ts_ns, r.dram_bw_util))
+            if r.energy_j is not None:
+                key = (r.kind, r.index)
+                q = self.energy.get(key)
+                if q is None:
+                    q = self.energy[key] = deque(maxlen=ENERGY_READINGS)
+                q.append((r.ts_ns, r.energy_j))
+                self.energy_source[r.kind] = r.energy_source or "?"
+            elif r.energy_na:
+                self.energy_na[r.kind] = r.energy_na
         elif isinstance(r, Hello):
             self.hello = r
             self.info = r.engine
@@ -227,6 +248,41 @@ class StreamState:
             c.note = r.note
         elif isinstance(r, CaptureFailed):
             c.state, c.error, c.bundle = "failed", r.reason, r.bundle
+
+    def energy_device(self) -> str:
+        """The device kind whose energy the figures are: ``cuda`` when the engine has a
+        sampled GPU, else ``cpu`` (a GPU engine's host CPU is not its device)."""
+        return "cuda" if any(k == "cuda" for k, _ in self.devices) else "cpu"
+
+    def energy_readings(self, since_ns: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The energy device's counter readings, one ``(ts_ns, joules)`` pair of arrays per
+        device of that kind (``figures.window_figures``'s ``energy``); empty: none.
+        ``since_ns``: only the readings from the last one at or before it (a live window
+        needs a dozen, not the hours kept)."""
+        kind = self.energy_device()
+        out = []
+        for (k, _i), q in sorted(self.energy.items()):
+            if k != kind or not q:
+                continue
+            if since_ns is None:
+                rows = list(q)
+            else:
+                rows = []
+                for row in reversed(q):
+                    rows.append(row)
+                    if row[0] <= since_ns:
+                        break
+                rows.reverse()
+            a = np.array(rows, dtype=np.float64)
+            out.append((a[:, 0], a[:, 1]))
+        return out
+
+    def energy_why(self) -> str | None:
+        """Why the energy device has no counter (None: it has one, or nothing was said yet)."""
+        kind = self.energy_device()
+        if any(k == kind for k, _ in self.energy):
+            return None
+        return self.energy_na.get(kind)
 
     def gpu_util_mean(self, seconds: float = 10.0) -> float | None:
         """Mean NVML utilisation over the window (coarse cross-check), None without a GPU."""

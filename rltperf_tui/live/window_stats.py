@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine_adapters.definitions.energy import CAVEATS
+
 
 @dataclass
 class Window:
@@ -70,6 +72,28 @@ class Window:
     of the newest window that was not, this many seconds of data time older; the step
     counts left out (profiled, exporting, warm-up, requests) and ``quiet_s`` are this
     window's.  None: the figures are this window's own."""
+
+    power_w: float | None = None
+    """Mean device power over the window's baseline time, from the device's energy counter."""
+    joules_per_token: float | None = None
+    """Power / tokens/s: joules per output token (``definitions/figures.py``)."""
+    joules_per_step: float | None = None
+    """Power / steps/s: joules per baseline step."""
+    energy_source: str | None = None
+    """The counter behind the energy figures: ``nvml`` or ``rapl`` (``definitions.energy.CAVEATS``)."""
+    energy_na: str | None = None
+    """Why there are no energy figures: no counter (the device's reason), or too few readings yet."""
+
+    def energy_summary(self) -> dict[str, Any]:
+        """The ``energy`` object of ``summary --json``: figures, source, caveat, reason."""
+        return {
+            "power_w": self.power_w,
+            "joules_per_token": self.joules_per_token,
+            "joules_per_step": self.joules_per_step,
+            "source": self.energy_source,
+            "caveat": CAVEATS.get(self.energy_source) if self.energy_source else None,
+            "reason": self.energy_na,
+        }
 
     def as_summary(self) -> dict[str, Any]:
         """The ``rltperf summary --json`` shape."""

@@ -14,6 +14,7 @@ without it; nothing falls through to the real library.
 from __future__ import annotations
 
 import ctypes
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,10 @@ class FakeGpu:
     nvlinks: int = 18
     util_supported: bool = True
     """False: nvmlDeviceGetUtilizationRates raises NOT_SUPPORTED (as on a MIG device)."""
+    energy_mj: int | None = 1_000_000
+    """nvmlDeviceGetTotalEnergyConsumption at the first call (mJ since the driver loaded);
+    None: NOT_SUPPORTED (pre-Volta).  It then advances at ``power_mw`` per second of the
+    fake's clock (``FakeNvml.clock``): a counter with a known rate."""
 
 
 class _Handle:
@@ -62,6 +67,9 @@ class FakeNvml:
         self.gpm_snapshots: dict[int, tuple[int, dict[int, float]]] = {}
         self.gpm_allocated: list[Any] = []
         self.gpm_freed = 0
+        self.clock: Any = time.monotonic
+        """Seconds; the energy counter advances with it (a test may replace it)."""
+        self._energy_t0: float | None = None
 
     # constants, structures and errors: the real module's
     def __getattr__(self, name: str) -> Any:
@@ -137,6 +145,17 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, h: _Handle) -> int:
         return self._gpu(h).power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: _Handle) -> int:
+        self._count("nvmlDeviceGetTotalEnergyConsumption")
+        g = self._gpu(h)
+        if g.energy_mj is None:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        t = self.clock()
+        if self._energy_t0 is None:
+            self._energy_t0 = t
+        # mJ = mW x s; the driver's counter moves in whole mJ
+        return int(g.energy_mj + g.power_mw * (t - self._energy_t0))
 
     def nvmlDeviceGetTemperature(self, h: _Handle, sensor: int) -> int:
         return self._gpu(h).temp_c

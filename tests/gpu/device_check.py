@@ -22,6 +22,10 @@ failure is recorded and the rest still run):
                torch.cuda.set_sync_debug_mode("error"): it must never synchronise (a
                sync raises, the recorder's guard turns it off: "dead"), and its records
                must hold the exits counted on the host
+  energy       the same loop for ~10 s under load: the window's power and joules per
+               token (from NVML's energy counter, via the probe and TargetStats) must be
+               > 0 and agree within 10 % with NVML's power readings (polled every 50 ms,
+               mean power x time / tokens), the independent truth
 
 Run on the device machine (the H200 image has torch, numpy, psutil and nvidia-ml-py,
 but not msgspec: carry its wheel).  Here, once:
@@ -434,6 +438,78 @@ def check_loop_recorder(device: str) -> dict[str, Any]:
     }
 
 
+def check_energy(device: str) -> dict[str, Any]:
+    import pynvml
+    import torch
+
+    from engine_adapters.monitor.tcp import ProbeAdapter
+    from engine_adapters.probe import Probe
+    from rltperf_tui.live.aggregator import TargetStats
+
+    n = 8192
+    x = torch.randn(256, n, device=device, dtype=torch.bfloat16)
+    w = torch.randn(n, n, device=device, dtype=torch.bfloat16) / n**0.5
+    probe = Probe("127.0.0.1:0", {"name": "device-check-energy", "device": device, "dtype": "bfloat16",
+                                  "random_weights": True}, warm_profiler=False)  # fmt: skip
+    stop = threading.Event()
+    polled: list[tuple[float, float]] = []
+
+    def loop() -> None:
+        while not stop.is_set():
+            with probe.step("decode", 256, 256) as st:
+                h = x
+                for _ in range(16):
+                    h = torch.tanh(h @ w)
+                h.argmax(dim=-1).cpu()
+                st.set(out_tokens=256)
+
+    def poll() -> None:
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        while not stop.is_set():
+            polled.append((time.monotonic(), pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0))
+            time.sleep(0.05)
+
+    stats = TargetStats()
+    sess = ProbeAdapter(f"tcp://{probe.address}").connect()
+    threads = [threading.Thread(target=f, daemon=True) for f in (loop, poll)]
+    for t in threads:
+        t.start()
+    try:
+        t_end = time.monotonic() + 12
+        while time.monotonic() < t_end:
+            stats.add(sess.read(0.2))
+        win = stats.window(10.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        sess.close()
+        probe.close()
+    watts = [p for t, p in polled if t >= t_end - 10]
+    nvml_w = sum(watts) / len(watts) if watts else None
+    truth_jpt = nvml_w / win.tokens_per_s if nvml_w and win.tokens_per_s else None
+    res = {
+        "power_w": win.power_w,
+        "nvml_power_mean_w": nvml_w,
+        "joules_per_token": win.joules_per_token,
+        "nvml_mean_power_x_time_per_token": truth_jpt,
+        "tokens_per_s": win.tokens_per_s,
+        "energy_source": win.energy_source,
+        "energy_na": win.energy_na,
+    }
+    res["ok"] = (
+        win.power_w is not None
+        and win.power_w > 0
+        and nvml_w is not None
+        and abs(win.power_w / nvml_w - 1) <= 0.10
+        and truth_jpt is not None
+        and win.joules_per_token is not None
+        and abs(win.joules_per_token / truth_jpt - 1) <= 0.10
+    )
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -482,6 +558,8 @@ def main() -> int:
     snaps = tempfile.mkdtemp(prefix="rltperf-snap-")
     _section(out, "capture", lambda: check_capture(device, snaps))
     _section(out, "loop_recorder", lambda: check_loop_recorder(device))
+    if has_cuda:
+        _section(out, "energy", lambda: check_energy(device))
     out["ok"] = all(v.get("ok", True) for v in out.values() if isinstance(v, dict))
     out["total_s"] = round(time.monotonic() - T0, 1)
     text = json.dumps(out, indent=1, default=str)

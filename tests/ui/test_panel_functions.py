@@ -83,7 +83,7 @@ def test_device_panel_lists_the_gaps_of_its_view():
 
 def test_device_panel_says_more_when_the_view_holds_more_than_fit():
     batches = [_steps(10, 10, 0, start_id=10 * k, t0=k * 200 * MS) for k in range(6)]  # 5 gaps of 100 ms
-    height = 5  # room for 2 gap lines
+    height = 6  # room for 2 gap lines (idle, NVML, energy and the gaps heading above them)
     st = _stats(*batches)
     ctx = _ctx(st, ViewSize(idle_gap_rows=gap_rows(height)))
     assert len(ctx.stats.idle_gaps) == 3  # 2 that fit, and one to know there are more

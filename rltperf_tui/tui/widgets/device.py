@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from engine_adapters.definitions.energy import SHORT
 from engine_adapters.definitions.figures import QUIET_AFTER_S
 from rltperf_tui.elide import elide
+from rltperf_tui.live.window_stats import Window
 from rltperf_tui.tui.widgets._fmt import Lines, ms, pct, size
 from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
@@ -11,14 +13,31 @@ from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 def gap_rows(height: int) -> int:
     """Idle gaps the panel can list at a content ``height`` (without GPU lines), plus one
     to know there are more (the view keeps this many)."""
-    return max(1, max(1, height) - 3) + 1
+    return max(1, max(1, height) - 4) + 1
+
+
+def energy_line(ln: Lines, w: Window, width: int) -> None:
+    """Power, joules per output token and per step from the device's energy counter,
+    with the counter's source; or why there are none (never an estimate)."""
+    ln.add("energy    ", "$text-muted")
+    if w.power_w is None:
+        ln.add(elide(w.energy_na or "no energy counter", max(10, width - 10)), "$text-muted").nl()
+        return
+    ln.add(f"{w.power_w:>5.0f} W ", "bold")
+    if w.joules_per_token is not None:
+        ln.add(f"{w.joules_per_token:.3g} J/tok ", "bold")
+    if w.joules_per_step is not None:
+        ln.add(f"{w.joules_per_step:.3g} J/step ")
+    ln.add(f"({SHORT.get(w.energy_source or '', w.energy_source or '?')})", "$text-muted").nl()
 
 
 class DevicePanel(Panel):
     """Idle fraction = 1 - Σ busy / W from the probe's device events; NVML's utilisation
     (share of a 1/6-1 s period with any kernel running) is shown beside it as a coarse
     cross-check.  Gaps between steps over the threshold are listed with the stage that
-    grew most in the step before each gap."""
+    grew most in the step before each gap.  The energy line: mean power over the window's
+    baseline time from the device's own energy counter, joules per output token and per
+    step (``definitions/energy.py``)."""
 
     DEFAULT_CSS = """
     DevicePanel { height: 10; }
@@ -50,6 +69,7 @@ class DevicePanel(Panel):
         else:
             ln.add(f"{pct(nvml):>6} ", "bold").add("coarse: time any kernel ran", "$text-muted")
         ln.nl()
+        energy_line(ln, w, width)
         for (_kind, index), d in gpus[:2]:
             ln.add(f"gpu{index} ", "$text-muted").add(elide(d.name, 24) + " ")
             if d.dram_bw_util is not None:
@@ -62,7 +82,7 @@ class DevicePanel(Panel):
                 ln.add(f"{d.sm_clock_mhz:.0f} MHz", "$text-muted")
             ln.nl()
         thr = st.idle_gap_threshold_ms
-        room = max(1, height - 3 - len(gpus[:2]))
+        room = max(1, height - 4 - len(gpus[:2]))
         gaps = list(st.idle_gaps[: room + 1])  # newest first
         ln.add(f"idle gaps > {ms(thr)} ms: ", "$text-muted")
         if gaps:

@@ -61,6 +61,7 @@ def test_rules_parse_by_figure_direction_and_size() -> None:
     from rltperf_tui.analysis.compare import _DIST
 
     keys = [f"{k}.p{q}" for k, _ in _DIST for q in (50, 95, 99)] + ["tokens_per_s", "idle_fraction", "mbu"]
+    keys += ["joules_per_token", "power_w"]
     assert sorted(set(G.FIGURES.values())) == sorted(keys)
 
 
