@@ -275,6 +275,10 @@ class BundleMeta(msgspec.Struct, kw_only=True):
     contract: dict[str, Any]
     files: dict[str, str]
     """Files of the bundle and what each holds."""
+    energy: dict[str, Any] | UnsetType | None = UNSET
+    """The device energy counter over ``steps.jsonl``'s steps: ``readings`` (``{"kind:index":
+    [[ts_ns, joules], ...]}``, the probe's clock), ``source`` (``nvml`` / ``rapl``) and
+    ``reason`` when there are none (``definitions.energy``)."""
 
 
 def new_meta(
@@ -288,6 +292,7 @@ def new_meta(
     contract: dict[str, Any],
     files: dict[str, str],
     ceiling: dict[str, Any] | UnsetType | None = UNSET,
+    energy: dict[str, Any] | UnsetType | None = UNSET,
 ) -> BundleMeta:
     """A ``BundleMeta`` of this rltperf, written now, of profiled timings."""
     from engine_adapters import __version__
@@ -307,6 +312,7 @@ def new_meta(
         ceiling=ceiling,
         contract=contract,
         files=files,
+        energy=energy,
     )
 
 

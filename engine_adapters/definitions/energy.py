@@ -157,3 +157,27 @@ def span_energy(readings: Any, lo_ns: Any, hi_ns: Any) -> tuple[np.ndarray, np.n
     if covered is None:
         return None
     return joules, covered
+
+
+def energy_kind(kinds: Any) -> str:
+    """The device kind whose energy the figures are, among the sampled kinds: ``cuda``
+    when the engine has a sampled GPU, else ``cpu`` (a GPU engine's host CPU is not its
+    device)."""
+    return "cuda" if "cuda" in set(kinds) else "cpu"
+
+
+def readings_by_device(samples: Any) -> dict[str, list[tuple[int, float]]]:
+    """``{"kind:index": [(ts_ns, joules), ...]}`` of the samples that carry a counter
+    reading (``DeviceSample`` objects or their dicts), of the energy kind only (``energy_kind``),
+    in time order: what a bundle's ``meta.json`` keeps (``energy.readings``)."""
+    rows: list[dict[str, Any]] = [
+        s if isinstance(s, dict) else {f: getattr(s, f, None) for f in ("ts_ns", "kind", "index", "energy_j")}
+        for s in samples
+    ]
+    rows = [r for r in rows if r.get("energy_j") is not None]
+    kind = energy_kind(r.get("kind") for r in rows)
+    out: dict[str, list[tuple[int, float]]] = {}
+    for r in sorted(rows, key=lambda r: r["ts_ns"]):
+        if r.get("kind") == kind:
+            out.setdefault(f"{kind}:{r.get('index', 0)}", []).append((int(r["ts_ns"]), float(r["energy_j"])))
+    return out

@@ -36,6 +36,8 @@ from engine_adapters.definitions.bundle import (
 )
 from engine_adapters.definitions.bundle import os_error_text as _os_error_text
 from engine_adapters.definitions.contract import build_contract
+from engine_adapters.definitions.energy import readings_by_device
+from engine_adapters.definitions.figures import EXCLUDED_FLAGS
 from engine_adapters.definitions.records import CaptureFailed, EngineInfo, StepRecord, to_builtins
 from engine_adapters.probe.export import export_trace_files, release_results
 from engine_adapters.probe.job import CaptureJob, note_cost
@@ -44,6 +46,9 @@ log = logging.getLogger("rltperf.probe.bundle")
 
 CONTEXT_STEPS = 32
 """Step records kept in ``steps.jsonl`` before the window."""
+ENERGY_BASE_S = 30.0
+"""Seconds of unprofiled steps before a window whose energy ``meta.json`` keeps (the
+counter is read once a second: the 32 context steps are far too short for it)."""
 TRIGGER_CONTEXT_STEPS = 8
 """Of a triggered capture, steps kept before the offending one too (however long the
 delay from it to the window was, within the publisher's history)."""
@@ -54,7 +59,11 @@ class StepHistory(Protocol):
 
     last_step_id: int
 
+    energy_na: str | None
+
     def recent_steps(self) -> list[StepRecord]: ...
+
+    def recent_energy(self) -> list[Any]: ...
 
 
 class BundleWriter:
@@ -209,7 +218,43 @@ class BundleWriter:
             ceiling=_ceiling(info),
             contract=build_contract(info),
             files=files,
+            energy=_energy_meta(self.history, job),
         )
+
+
+def _energy_meta(history: StepHistory, job: CaptureJob) -> dict[str, Any]:
+    """``meta.json`` ``energy``: the unprofiled steps before the window (the reader's
+    history, at most ``ENERGY_BASE_S``; profiled, warm-up and exporting steps left out as
+    the live window leaves them) and the device energy counter's readings over them, so
+    the report gives their power and joules per token by the window's definition; or why
+    there are none."""
+    first = job.warmup_step if job.warmup_step is not None else (job.step_ids[0] if job.step_ids else None)
+    steps = [r for r in history.recent_steps() if first is None or r.step_id < first]
+    samples = history.recent_energy()
+    sources = {s.energy_source for s in samples[-4:] if s.energy_source}
+    out: dict[str, Any] = {"readings": {}, "source": sorted(sources)[0] if len(sources) == 1 else None,
+                           "base": None, "reason": None}  # fmt: skip
+    if steps:
+        hi = steps[-1].end_ns
+        steps = [r for r in steps if r.start_ns >= hi - int(ENERGY_BASE_S * 1e9)]
+        lo = steps[0].start_ns
+        excluded: list[list[int]] = []
+        for r in steps:
+            if r.flags & EXCLUDED_FLAGS:
+                if excluded and r.start_ns <= excluded[-1][1]:
+                    excluded[-1][1] = max(excluded[-1][1], r.end_ns)
+                else:
+                    excluded.append([r.start_ns, r.end_ns])
+        kept = [r for r in steps if not r.flags & EXCLUDED_FLAGS]
+        out["base"] = {"start_ns": lo, "end_ns": hi, "excluded": excluded,
+                       "steps": len(kept), "out_tokens": sum(r.out_tokens for r in kept)}  # fmt: skip
+        for dev, rows in readings_by_device(samples).items():
+            i0 = max(0, next((i for i, (t, _) in enumerate(rows) if t >= lo), len(rows)) - 1)
+            i1 = next((i for i, (t, _) in enumerate(rows) if t > hi), len(rows) - 1)
+            out["readings"][dev] = [list(r) for r in rows[i0 : i1 + 1]]
+    if not out["readings"]:
+        out["reason"] = history.energy_na or "no energy counter readings were taken"
+    return out
 
 
 def _window_steps(history: StepHistory, job: CaptureJob) -> list[tuple[Any, str]]:

@@ -37,6 +37,8 @@ __all__ = ["RequestInbox", "RingReader"]
 
 HISTORY = 4096
 """Step records the reader keeps for bundles' ``steps.jsonl`` and live stats."""
+ENERGY_HISTORY = 1200
+"""Device samples with an energy reading kept for bundles (~10 min of a host and a GPU at 1 Hz)."""
 PENDING_EVENTS_MAX_S = 2.0
 """A step whose CUDA events have not completed by then is sent with busy unknown."""
 REQUESTS_QUEUED = 65536
@@ -92,6 +94,9 @@ class RingReader:
         self._dev_in: deque[DeviceSample] = deque(maxlen=256)
         self._pending: deque[tuple[StepRecord, list[Any], int]] = deque()
         self._history: deque[StepRecord] = deque(maxlen=HISTORY)
+        self._energy: deque[DeviceSample] = deque(maxlen=ENERGY_HISTORY)
+        self.energy_na: str | None = None
+        """The newest reason a device sample gave for having no energy counter."""
         self._hist_lock = threading.Lock()
         self._unknown_fields: set[str] = set()
         self._exporting = False
@@ -117,6 +122,11 @@ class RingReader:
         """A copy of the recent step history (any thread)."""
         with self._hist_lock:
             return list(self._history)
+
+    def recent_energy(self) -> list[DeviceSample]:
+        """A copy of the recent device samples that carry an energy reading (any thread)."""
+        with self._hist_lock:
+            return list(self._energy)
 
     # -- publisher thread --------------------------------------------------------------------
 
@@ -174,6 +184,11 @@ class RingReader:
         while self._dev_in:
             d = self._dev_in.popleft()
             self.last_device_sample = d
+            if d.energy_j is not None:
+                with self._hist_lock:
+                    self._energy.append(d)
+            elif d.energy_na:
+                self.energy_na = d.energy_na
             out.append(d)
         return out
 

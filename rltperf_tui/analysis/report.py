@@ -27,6 +27,7 @@ from rltperf_tui.analysis.report_steps import (
     ceiling_of,
     check_steps,
     check_written_files,
+    context_energy,
     contract_of,
     full_mode_artifacts,
     operators,
@@ -209,6 +210,7 @@ def analyze_bundle(
     rep["loop_ms"] = lr["loop_ms"] if lr else None
     rep["loop_passes_per_step"] = lr["passes_per_step"] if lr else None
     rep["exit_hist"] = exit_histogram(step_records) or None
+    rep["energy"] = context_energy(meta)
     rk = cap.get("ranks")  # vLLM captures of a multi-rank server: held and missing ranks
     rep["ranks"] = dict(rk, text=ranks_text(rk)) if isinstance(rk, dict) else None
     if rep["ranks"] and rep["ranks"].get("missing"):

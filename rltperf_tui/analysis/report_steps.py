@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from engine_adapters.definitions import figures as F
+from engine_adapters.definitions.energy import CAVEATS, MIN_SPAN_S, window_energy
 from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
 from rltperf_tui.analysis import traces as T
 
@@ -325,4 +326,47 @@ def _context(recs: list[dict[str, Any]], ids: list[int]) -> dict[str, Any] | Non
     }
     b50, c50 = out["unprofiled_before_ms"]["p50"], out["captured_probe_ms"]["p50"]
     out["profiler_slowdown_p50"] = round(c50 / b50, 3) if b50 and c50 else None
+    return out
+
+
+def context_energy(meta: dict[str, Any] | None) -> dict[str, Any]:
+    """The energy figures of the unprofiled steps before the window (``meta.json``
+    ``energy.base``: up to 30 s of them, excluded steps' spans out): power, joules per
+    output token and per step by the window's definition (``energy.window_energy``,
+    ``figures.power_w`` / ``joules_per_token``); the source and its caveat, or the reason
+    there are none."""
+    em = (meta or {}).get("energy")
+    out: dict[str, Any] = {"power_w": None, "joules_per_token": None, "joules_per_step": None,
+                           "source": None, "caveat": None, "reason": None, "seconds": None}  # fmt: skip
+    if not isinstance(em, dict):
+        out["reason"] = "the bundle holds no energy counter readings (made before rltperf read them)"
+        return out
+    readings = [(np.array([t for t, _ in rows], dtype=np.float64), np.array([j for _, j in rows], dtype=np.float64))
+                for rows in (em.get("readings") or {}).values() if rows]  # fmt: skip
+    base = em.get("base")
+    if not readings or not isinstance(base, dict):
+        out["reason"] = em.get("reason") or (
+            "no energy counter readings" if not readings else "no unprofiled steps before the window"
+        )
+        return out
+    w0, w1 = base["start_ns"], base["end_ns"]
+    excl = base.get("excluded") or []
+    got = window_energy(readings, w0, w1, [a for a, _ in excl], [b for _, b in excl])
+    seconds = ((w1 - w0) - sum(b - a for a, b in excl)) / 1e9
+    out["source"] = em.get("source")
+    out["caveat"] = CAVEATS.get(em.get("source") or "")
+    out["seconds"] = round(seconds, 3)
+    if got is None or got[1] < MIN_SPAN_S or seconds <= 0:
+        out["reason"] = (
+            f"the counter's readings cover under {MIN_SPAN_S:g} s of the unprofiled steps before the window"
+        )
+        return out
+    joules, energy_s = got
+    out["power_w"] = round(float(F.power_w(joules, energy_s)), 3)
+    if base.get("out_tokens"):
+        out["joules_per_token"] = float(F.joules_per_token(joules, energy_s, base["out_tokens"], seconds))
+    if base.get("steps"):
+        out["joules_per_step"] = float(
+            F.quotient(F.power_w(joules, energy_s), F.per_second(base["steps"], seconds))
+        )
     return out

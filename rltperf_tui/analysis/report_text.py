@@ -181,6 +181,16 @@ def _capture_lines(rep: dict[str, Any]) -> list[str]:
             f"({ctx['steps_before']} steps); captured p50 {_f(ctx['captured_probe_ms']['p50'])} ms "
             f"→ profiler slow-down x{_f(ctx['profiler_slowdown_p50'], '{:.2f}')}"
         )
+    en = rep.get("energy")
+    if en:
+        if en.get("power_w") is not None:
+            L.append(
+                f"energy ({_f(en.get('seconds'), '{:.1f}')} s of unprofiled steps before the window): {_f(en['power_w'], '{:.1f}')} W, "
+                f"{_f(en.get('joules_per_token'), '{:.4g}')} J/token, {_f(en.get('joules_per_step'), '{:.4g}')} J/step "
+                f"({en.get('caveat') or en.get('source')})"
+            )
+        else:
+            L.append(f"energy: n/a ({en.get('reason')})")
     if rep.get("loop_ms") or rep.get("exit_hist"):
         from rltperf_tui.analysis.loops import render
 

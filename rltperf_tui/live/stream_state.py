@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_adapters.definitions.energy import energy_kind
 from engine_adapters.definitions.records import (
     Bye,
     CaptureDone,
@@ -252,7 +253,7 @@ class StreamState:
     def energy_device(self) -> str:
         """The device kind whose energy the figures are: ``cuda`` when the engine has a
         sampled GPU, else ``cpu`` (a GPU engine's host CPU is not its device)."""
-        return "cuda" if any(k == "cuda" for k, _ in self.devices) else "cpu"
+        return energy_kind(k for k, _ in self.devices)
 
     def energy_readings(self, since_ns: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """The energy device's counter readings, one ``(ts_ns, joules)`` pair of arrays per

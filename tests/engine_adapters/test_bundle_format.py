@@ -148,7 +148,11 @@ def test_the_probe_writes_the_same_keys_as_before_and_refuses_as_the_definition_
     for k, capture_keys in old:
         if k == "capture":
             capture_keys.insert(capture_keys.index("export_in") + 1, "engine_cost")
+    # and (issue 22) the energy counter over the unprofiled steps before the window, last
+    old.append(("energy", None))
     assert _keys(new) == old
+    # no device sampler here: no readings, and the reason says so
+    assert new["energy"]["readings"] == {} and new["energy"]["reason"], new["energy"]
     assert set(new["capture"]["engine_cost"]) == {
         f"{name}{unit}"
         for name in ("profiler_start", "profiler_stop", "fork", "release")

@@ -83,6 +83,21 @@ def test_power_and_joules_per_token_follow_the_counter_and_the_gate_sees_it(
     a, b = tmp_path / "a.rltrec", tmp_path / "b.rltrec"
     r = run_rltperf("record", eng.target, "-o", str(a), "--duration", "8", "-q")
     assert r.returncode == 0, r.stderr
+    # a capture now: its report gives the unprofiled steps before it at the same 40 W,
+    # and joules per token = that power / their tokens per second (meta.json's counts)
+    c = run_rltperf("capture", eng.target, "--steps", "4", "--json")
+    assert c.returncode == 0, c.stderr
+    bundle = Path(json.loads(c.stdout)["bundle"])
+    rep = run_rltperf("report", str(bundle), "--json")
+    assert rep.returncode == 0, rep.stderr
+    en = json.loads(rep.stdout)["energy"]
+    assert en["source"] == "rapl" and en["reason"] is None and en["seconds"] >= 5, en
+    assert en["power_w"] == pytest.approx(40.0, rel=0.10), en
+    base = json.loads((bundle / "meta.json").read_text())["energy"]["base"]
+    assert en["joules_per_token"] == pytest.approx(
+        en["power_w"] * en["seconds"] / base["out_tokens"], rel=0.01
+    )
+    assert "J/token" in run_rltperf("report", str(bundle)).stdout
     rapl.watts = 80.0  # the device now draws twice the power for the same work
     time.sleep(1.5)  # let the sampler's readings straddle the change before B starts
     r = run_rltperf("record", eng.target, "-o", str(b), "--duration", "8", "-q")
@@ -108,6 +123,26 @@ def test_power_and_joules_per_token_follow_the_counter_and_the_gate_sees_it(
     assert "power" in g.stderr
     jpt = next(m for m in out["metrics"] if m["key"] == "joules_per_token")
     assert jpt["a"] == pytest.approx(sa["energy"]["joules_per_token"], rel=1e-3)  # one definition
+
+
+def test_no_counter_report_says_why(tmp_path: Path) -> None:
+    """No counter (an empty powercap tree, and no NVIDIA driver here): a capture's report
+    gives no energy figure and says why, with the probe's reason."""
+    (tmp_path / "powercap").mkdir()
+    eng = start_engine(
+        ["-m", "rltperf_tui.cli", "engine", "--listen", "127.0.0.1:0", "--workload", "closed:2",
+         "--duration", "120", "--snapshots", str(tmp_path / "snaps")],
+        cwd=tmp_path, timeout=180, env={"RLTPERF_POWERCAP": str(tmp_path / "powercap")},
+    )  # fmt: skip
+    try:
+        time.sleep(3)  # a few device samples
+        c = run_rltperf("capture", eng.target, "--steps", "2", "--json")
+        assert c.returncode == 0, c.stderr
+        rep = run_rltperf("report", json.loads(c.stdout)["bundle"], "--json")
+    finally:
+        eng.stop()
+    en = json.loads(rep.stdout)["energy"]
+    assert en["power_w"] is None and en["joules_per_token"] is None and "RAPL" in en["reason"], en
 
 
 def test_no_counter_summary_says_why_for_every_kind_of_target(tmp_path: Path) -> None:
