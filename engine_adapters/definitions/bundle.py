@@ -12,7 +12,7 @@ Two writers make bundles (the probe, ``engine_adapters.probe.bundle``; the vLLM 
 - ``meta.json``: ``BundleMeta`` with its ``CaptureMeta``.  Fields one writer has and the
   other has not default to ``UNSET`` and are left out of the file, so each writer's
   ``meta.json`` keeps exactly the keys (and order) it always had; bundles written before
-  this struct existed decode into it (``tests/engine_adapters/data/meta_*_v1.json``);
+  this struct existed decode into it (``tests/engine_adapters/definitions/data/meta_*_v1.json``);
 - reading it back: ``read_meta`` (the file, the typed struct when it fits, a sentence
   when it cannot be read) and ``missing_meta_fields`` (what a report must say is missing).
 """

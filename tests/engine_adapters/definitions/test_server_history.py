@@ -15,7 +15,7 @@ from engine_adapters.definitions.server_history import PEAK_SPAN_S, ServerLifeti
 from engine_adapters.definitions.server_window import imbalance, replica_totals
 from engine_adapters.monitor.recording import RecordingReader
 
-REAL = Path(__file__).resolve().parents[1] / "ui" / "data" / "vllm_replica_a.rltrec"
+REAL = Path(__file__).resolve().parents[2] / "ui" / "data" / "vllm_replica_a.rltrec"
 S = 1_000_000_000
 
 # vLLM's queue-time buckets start 0-0.3 s: 40 requests queued 0.012 ms each

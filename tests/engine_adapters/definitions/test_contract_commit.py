@@ -11,7 +11,7 @@ import pytest
 from engine_adapters.definitions.contract import build_contract, code_state, git_state, is_unknown
 from engine_adapters.definitions.records import EngineInfo
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _head() -> str:

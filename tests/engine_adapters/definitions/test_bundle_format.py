@@ -65,7 +65,7 @@ def test_meta_written_before_the_struct_decodes_and_encodes_back_identically(tmp
 
 
 def test_the_vllm_writer_builds_the_same_keys_as_before(tmp_path):
-    # The inputs the fixture was generated from (tests/engine_adapters/data: see genv in
+    # The inputs the fixture was generated from (tests/engine_adapters/definitions/data: see genv in
     # the commit that added it); the session carries data only.
     from engine_adapters.monitor.vllm.capture import HttpCapture, HttpCaptureJob
     from engine_adapters.monitor.vllm.trace_files import TraceFacts
