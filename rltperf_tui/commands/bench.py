@@ -18,7 +18,8 @@ Benchmarks print the figures the targets are stated in; compare ratios from one 
   ingest   records decoded and aggregated per second; monitor CPU at 1000 steps/s
   engine   reference engine decode MBU against this machine's copy bandwidth
   capture  keypress-to-first-captured-step, capture slow-down, export cost per mode
-  loops    vLLM Ouro model: step time with per-loop timing on vs off, interleaved"""
+  loops    vLLM Ouro model: step time with per-loop timing on vs off, interleaved
+  peers    monitor CPU and RSS beside vllm-htop's on one vLLM server, side by side in tmux"""
 
 BENCHES: dict[str, str] = {
     "probe": "rltperf_tui.bench.probe",
@@ -26,6 +27,7 @@ BENCHES: dict[str, str] = {
     "engine": "rltperf_tui.bench.engine",
     "capture": "rltperf_tui.bench.capture",
     "loops": "rltperf_tui.bench.loops",
+    "peers": "rltperf_tui.bench.peers",
 }
 
 
