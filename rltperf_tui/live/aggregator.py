@@ -45,7 +45,12 @@ from engine_adapters.definitions.records import (
     RequestRecord,
     StepRecord,
 )
-from engine_adapters.definitions.server_history import ServerLifetime, ServerTrends, server_trends
+from engine_adapters.definitions.server_history import (
+    ColumnCache,
+    ServerLifetime,
+    ServerTrends,
+    server_trends,
+)
 from engine_adapters.definitions.server_window import METRIC_LATENCIES, MetricsWindow, metrics_window
 from rltperf_tui.live.step_rings import KIND_CODE as _KIND_CODE  # noqa: F401  (tests import it from here)
 from rltperf_tui.live.step_rings import MAX_DEPTH, MAX_STAGES, Ring
@@ -142,6 +147,8 @@ class TargetStats:
         self.metrics: deque[MetricsSample] = deque(maxlen=3600)
         self.lifetime = ServerLifetime()
         """Counters, latencies and peaks of the metrics scrapes since attach."""
+        self._trend_columns: ColumnCache = {}
+        """Trend columns computed at the last ``server_trends`` (reused at the next)."""
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -275,4 +282,4 @@ class TargetStats:
     def server_trends(self, seconds: float, columns: int) -> ServerTrends | None:
         """Trend lines of the metrics scrapes over the last ``seconds`` in at most ``columns``
         columns (``engine_adapters.definitions.server_history``); None without scrapes."""
-        return server_trends(self.metrics, seconds, columns)
+        return server_trends(self.metrics, seconds, columns, self._trend_columns)

@@ -31,8 +31,8 @@ from typing import Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal
 from textual.notifications import SeverityLevel
+from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
@@ -51,6 +51,7 @@ from rltperf_tui.tui.targets import (
     TargetSpec,
     ingest,
 )
+from rltperf_tui.tui.widgets.containers import BlankHorizontal, BlankScreen
 from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 from rltperf_tui.tui.widgets.replicas import ReplicaPanel
 from rltperf_tui.tui.widgets.status_bar import StatusBar, StatusInfo
@@ -153,10 +154,13 @@ class MonitorApp(MonitorActions):
 
     # -- layout ------------------------------------------------------------------------------
 
+    def get_default_screen(self) -> Screen[Any]:
+        return BlankScreen(id="_default")
+
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
         yield ReplicaPanel(id="replicas", classes="panel")
-        with Horizontal(id="targets"):
+        with BlankHorizontal(id="targets"):
             for h in self.handles:
                 col = TargetColumn(h.index, id=f"target-{h.index}")
                 col.set_class(h.index > 0, "-follow")
