@@ -1,4 +1,11 @@
-"""Shared fixtures: real probes over real sockets, real engines in subprocesses."""
+"""Shared fixtures: real probes over real sockets, real engines in subprocesses.
+
+The shared real vLLM servers (``vllm_server``, ``ouro_server``: one start per kind for
+the whole session, the ``vllm`` marker, the ``RLTPERF_REQUIRE_VLLM=1`` switch under
+which a vLLM test that skips fails) are a plugin loaded here:
+``tests/engine_adapters/vllm/vllm_servers.py``, whose docstring says how to use them
+and how to add a kind.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOP_ENGINE = ROOT / "engine_adapters" / "reference" / "loop.py"
+VLLM_TESTS = ROOT / "tests" / "engine_adapters" / "vllm"
+
+# the vLLM helpers are imported by their plain names (vllm_fixtures, tiny_model, tiny_ouro)
+# wherever they are used, so that every test shares one copy of each module
+if str(VLLM_TESTS) not in sys.path:
+    sys.path.insert(0, str(VLLM_TESTS))
+pytest_plugins = ["vllm_servers"]
 
 
 @dataclass

@@ -16,17 +16,25 @@ How a documented command becomes a runnable one (``runnable``):
   with ``--duration 3`` and a fresh ``--out``;
 - the monitor itself (demo, attach, replay) runs in a pseudo-terminal: it must draw,
   still be running after a few seconds, and quit on ``q`` with status 0;
-- skipped, each with the reason printed: what needs hardware or a server this machine
-  lacks (``--device cuda``, ``vllm+http://`` targets), the installs (``pip install``,
+- skipped, each with the reason printed: what needs hardware this machine lacks
+  (``--device cuda``), vLLM server starts and downloads, the installs (``pip install``,
   ``python3 -m venv``: .ci/run runs that block verbatim on a fresh clone) and the test
-  suite itself (``python -m pytest``).
+  suite itself (``python -m pytest``);
+- what attaches to a vLLM server (a ``vllm+http://`` target, or a command after a vLLM
+  server start in the same README block, such as the Ouro section's ``attach
+  tcp://127.0.0.1:7788``) runs in ``test_documented_commands_on_vllm`` against the
+  shared real vLLM servers (``vllm_servers.py``), never against the reference engine.
 
-Commands run one at a time in the order documented, in one scratch folder, so that
-``rltperf record … -o base.rltrec`` makes the file the next ``summary`` reads.
+Every command reads only what the fixtures made and writes under a fresh name (a
+recording, a watch folder), so no command depends on another: they run ``PARALLEL`` at
+a time in one scratch folder (most of their time is their own shortened duration or a
+screen left to settle, not CPU; the CPU-bound engines one at a time), and are listed in
+the order documented.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import select
@@ -36,8 +44,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +57,9 @@ README = ROOT / "README.md"
 ENGINE_DURATION_S = "3"
 RECORD_DURATION_S = "3"
 TUI_COMMANDS = ("demo", "attach", "replay")
+PARALLEL = 3
+"""Documented commands run at the same time (in sequence they took ≈ 140 s)."""
+_fresh = itertools.count()
 
 
 @dataclass
@@ -55,6 +68,8 @@ class Documented:
 
     where: str
     text: str
+    after_server: str = ""
+    """The vLLM server start before it in the same code block (README): what it attaches to."""
 
 
 def _strip_comment(line: str) -> str:
@@ -68,10 +83,12 @@ def readme_commands(text: str | None = None) -> list[Documented]:
     in_block = False
     lang = ""
     pending = ""  # a command continued with a trailing backslash
+    server = ""  # a vLLM server started earlier in this block
     for no, line in enumerate(text.splitlines(), 1):
         if line.startswith("```"):
             in_block = not in_block
             lang = line[3:].strip() if in_block else ""
+            server = ""
             continue
         if not in_block or lang not in ("", "sh", "bash", "shell", "console"):
             continue
@@ -83,7 +100,9 @@ def readme_commands(text: str | None = None) -> list[Documented]:
             continue
         cmd, pending = pending + cmd, ""
         if cmd:
-            out.append(Documented(f"README.md:{no}", cmd))
+            out.append(Documented(f"README.md:{no}", cmd, server))
+            if VLLM_SERVER_START in cmd:
+                server = cmd
     return out
 
 
@@ -128,13 +147,23 @@ def shell_segments(cmd: str) -> list[str]:
     return [s.strip() for s in cmd.split("&&") if s.strip()]
 
 
+VLLM_SERVER_START = "vllm.entrypoints.openai.api_server"
+ON_VLLM = "runs in test_documented_commands_on_vllm, against the shared real vLLM servers"
+
+
+def needs_vllm(doc: Documented) -> bool:
+    """A command that attaches to a vLLM server: one the README starts just before it, or
+    a ``vllm+http://`` target."""
+    return bool(doc.after_server) or "vllm+http://" in doc.text
+
+
 def skip_reason(argv: list[str]) -> str | None:
     """Why a documented command cannot run in this test (None: it runs)."""
     while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):  # VAR=value before the command
         argv = argv[1:]
     joined = " ".join(argv)
-    if "vllm.entrypoints.openai.api_server" in argv or argv[:2] == ["vllm", "serve"]:
-        return "starts a vLLM server (tests/engine_adapters/vllm start real ones, Ouro included)"
+    if VLLM_SERVER_START in argv or argv[:2] == ["vllm", "serve"]:
+        return "starts a vLLM server (the shared test servers are started as vllm_fixtures.serve does)"
     if argv[:2] == ["hf", "download"]:
         return "downloads from the Hugging Face Hub (no internet on the test machines)"
     if argv[:1] == ["python3"] and "venv" in argv:
@@ -144,7 +173,7 @@ def skip_reason(argv: list[str]) -> str | None:
     if "pytest" in argv:
         return "the test suite itself (this test is part of it)"
     if "vllm+http://" in joined:
-        return "needs a running vLLM server (tests/engine_adapters/vllm start one where vllm is installed)"
+        return ON_VLLM
     if "cuda" in argv or any(a.startswith("--device=cuda") for a in argv):
         return "needs a CUDA device"
     return None
@@ -175,6 +204,8 @@ class Fixtures:
 
 def runnable(doc: Documented, fx: Fixtures) -> tuple[list[str] | None, str]:
     """The argv to run for ``doc`` (``rltperf`` as this checkout's CLI), or None and why not."""
+    if doc.after_server:  # it attaches to that server, not to a reference engine
+        return None, ON_VLLM
     cmd = expand_options(doc.text)
     for key, value in sorted(fx.placeholders().items(), key=lambda kv: -len(kv[0])):
         cmd = re.sub(rf"(?<![\w/.+-]){re.escape(key)}(?![\w/.-])", value.replace("\\", "\\\\"), cmd)
@@ -193,14 +224,14 @@ def runnable(doc: Documented, fx: Fixtures) -> tuple[list[str] | None, str]:
         argv = _set_flag(argv, "--snapshots", str(fx.work / "snapshots-engine"))
     if argv[1:2] == ["watch"]:
         argv = _set_flag(argv, "--duration", RECORD_DURATION_S)
-        argv = _set_flag(argv, "--out", str(fx.work / f"documented-watch-{len(os.listdir(fx.work))}"))
+        argv = _set_flag(argv, "--out", str(fx.work / f"documented-watch-{next(_fresh)}"))
     if "--jsonl" in argv:  # no screen: a plain command, its duration shortened
         argv = _set_flag(argv, "--duration", RECORD_DURATION_S)
     if argv[1:2] == ["record"]:
         argv = _set_flag(argv, "--duration", RECORD_DURATION_S)
         # recordings are never overwritten: a fresh name beside the fixtures' own
         out = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-o", "--output")), "out.rltrec")
-        argv = _set_flag(argv, "-o", str(fx.work / f"documented-{len(os.listdir(fx.work))}-{Path(out).name}"))
+        argv = _set_flag(argv, "-o", str(fx.work / f"documented-{next(_fresh)}-{Path(out).name}"))
     return argv, ""
 
 
@@ -216,6 +247,7 @@ def _env() -> dict[str, str]:
 
 
 def run_cli(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a (non-screen) documented command as this checkout's CLI."""
     return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *argv[1:]], cwd=cwd, env=_env(),
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
@@ -334,13 +366,14 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixtures]:
 
 
 def documented() -> list[Documented]:
+    """Every documented command, one per ``&&`` segment, each once."""
     seen: set[str] = set()
     out = []
     for d in readme_commands() + help_commands():
         for seg in shell_segments(d.text):
             if seg not in seen:
                 seen.add(seg)
-                out.append(Documented(d.where, seg))
+                out.append(Documented(d.where, seg, d.after_server))
     return out
 
 
@@ -356,12 +389,25 @@ def test_extraction_finds_the_known_commands() -> None:
     )
 
 
+def run_documented(argv: list[str], work: Path) -> tuple[bool, str, str]:
+    """Run one documented command as a user would; (failed, what it printed, details)."""
+    if argv[1] in TUI_COMMANDS and not {"--jsonl", "--list"} & set(argv):
+        rc, out = run_tui(argv, work)
+        return rc != 0 or "Traceback" in out, out, out[-1500:]
+    p = run_cli(argv, work, timeout=180)
+    bad = p.returncode != 0 or "Traceback" in p.stderr
+    out = p.stdout
+    if argv[1] == "engine" and "--analytic" not in argv and not bad:
+        # it ran: the target first, steps made, stopped by the (shortened) duration
+        first = out.splitlines()[0] if out else ""
+        bad = not first.startswith("tcp://") or "duration reached" not in out or " 0 steps" in out
+    return bad, out, f"exit {p.returncode}\nstdout: {p.stdout[-800:]}\nstderr: {p.stderr[-1500:]}"
+
+
 @pytest.mark.slow
 def test_every_documented_command_runs(fixtures: Fixtures) -> None:
-    ran: list[str] = []
+    todo: list[tuple[Documented, list[str]]] = []
     skipped: list[str] = []
-    failures: list[str] = []
-    t_all = time.monotonic()
     done: set[tuple[str, ...]] = set()
     for doc in documented():
         argv, why = runnable(doc, fixtures)
@@ -371,25 +417,56 @@ def test_every_documented_command_runs(fixtures: Fixtures) -> None:
         if tuple(argv) in done:  # `.venv/bin/rltperf demo` and `rltperf demo` run once
             continue
         done.add(tuple(argv))
+        todo.append((doc, argv))
+
+    def one(item: tuple[Documented, list[str]]) -> tuple[float, bool, str]:
         t0 = time.monotonic()
-        if argv[1] in TUI_COMMANDS and not {"--jsonl", "--list"} & set(argv):
-            rc, out = run_tui(argv, fixtures.work)
-            bad = rc != 0 or "Traceback" in out
-            detail = out[-1500:]
-        else:
-            p = run_cli(argv, fixtures.work, timeout=180)
-            rc, out = p.returncode, p.stdout
-            bad = rc != 0 or "Traceback" in p.stderr
-            detail = f"stdout: {p.stdout[-800:]}\nstderr: {p.stderr[-1500:]}"
-            if argv[1] == "engine" and "--analytic" not in argv and not bad:
-                # it ran: the target first, steps made, stopped by the (shortened) duration
-                first = out.splitlines()[0] if out else ""
-                bad = not first.startswith("tcp://") or "duration reached" not in out or " 0 steps" in out
-        ran.append(f"{time.monotonic() - t0:5.1f} s  {shlex.join(argv)}")
-        if bad:
-            failures.append(f"{doc.where}: {doc.text!r} ran as {shlex.join(argv)}: exit {rc}\n{detail}")
-    print(f"\nran {len(ran)} documented commands in {time.monotonic() - t_all:.0f} s:")
+        bad, _out, detail = run_documented(item[1], fixtures.work)
+        return time.monotonic() - t0, bad, detail
+
+    t_all = time.monotonic()
+    # the engines (CPU-bound from start to end) one at a time, beside the other commands
+    with ThreadPoolExecutor(1) as engines, ThreadPoolExecutor(PARALLEL - 1) as others:
+        futures = [
+            (engines if argv[1] == "engine" else others).submit(one, (doc, argv)) for doc, argv in todo
+        ]
+        results = [f.result() for f in futures]
+    ran = [
+        f"{took:5.1f} s  {shlex.join(argv)}" for (_, argv), (took, _, _) in zip(todo, results, strict=True)
+    ]
+    failures = [f"{doc.where}: {doc.text!r} ran as {shlex.join(argv)}:\n{detail}"
+                for (doc, argv), (_, bad, detail) in zip(todo, results, strict=True) if bad]  # fmt: skip
+    print(f"\nran {len(ran)} documented commands, {PARALLEL} at a time, in {time.monotonic() - t_all:.0f} s:")
     print("\n".join(ran))
     print(f"skipped {len(skipped)}:")
     print("\n".join(skipped))
+    assert not failures, "\n\n".join(failures)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\x1b[=>]")
+
+
+@pytest.mark.slow
+def test_documented_commands_on_vllm(vllm_server: Any, ouro_server: Any, tmp_path: Path) -> None:
+    """What the documentation attaches to a vLLM server, against the shared real ones: the
+    README's Ouro ``attach tcp://127.0.0.1:7788`` (the probe of the Ouro server it starts
+    just before) against the shared Ouro server's probe, ``vllm+http://`` examples against
+    the shared Llama server.  Each must draw a screen that names vLLM, run, and quit on q."""
+    docs = [d for d in documented() if needs_vllm(d)]
+    assert any(d.after_server for d in docs) and any("vllm+http://" in d.text for d in docs), docs
+    failures: list[str] = []
+    for doc in docs:
+        if doc.after_server:
+            assert "Ouro" in doc.after_server, doc.after_server  # the README's server is an Ouro one
+            probe = re.search(r"RLTPERF_PROBE=(\S+)", doc.after_server)
+            assert probe and f"tcp://{probe[1]}" in doc.text, (doc.after_server, doc.text)
+            cmd = doc.text.replace(f"tcp://{probe[1]}", f"tcp://{ouro_server.probe}")
+        else:
+            cmd = re.sub(r"vllm\+http://[\w.:-]+", f"vllm+http://127.0.0.1:{vllm_server.port}", doc.text)
+        argv = shlex.split(expand_options(cmd))
+        argv[0] = "rltperf"
+        bad, out, detail = run_documented(argv, tmp_path)
+        screen = ANSI.sub("", out)
+        if bad or "vllm" not in screen.lower():
+            failures.append(f"{doc.where}: {doc.text!r} ran as {shlex.join(argv)}:\n{detail}")
     assert not failures, "\n\n".join(failures)

@@ -194,7 +194,7 @@ class CaptureMeta(msgspec.Struct, kw_only=True):
     """``meta.json`` ``capture``: what was asked for and what the bundle holds.
 
     The field order is the file's key order; ``UNSET`` fields belong to one writer only
-    (probe: ``profiler_warmup_step``, ``export_in``, ``complete``, ``partial_reason``;
+    (probe: ``profiler_warmup_step``, ``export_in``, ``engine_cost``, ``complete``, ``partial_reason``;
     vLLM: the server's profiler facts) and are left out of the other's file.
     """
 
@@ -229,6 +229,10 @@ class CaptureMeta(msgspec.Struct, kw_only=True):
     export_in: str | UnsetType | None = UNSET
     """``child`` (forked export) or ``thread`` (the fallback; stalls the engine)."""
     trace_read_s: float | UnsetType = UNSET
+    engine_cost: dict[str, float] | UnsetType = UNSET
+    """Probe: what the capture cost the engine process (``CaptureJob.costs``): the
+    profiler's start and stop on the engine thread, the release of its results, in ms,
+    wall and that thread's CPU time."""
     trace_bytes: int
     events: int
     error: str | None
@@ -242,6 +246,9 @@ class CaptureMeta(msgspec.Struct, kw_only=True):
     server_profiler_dir: str | UnsetType | None = UNSET
     server_files: dict[str, int] | UnsetType = UNSET
     trace_vllm_version: str | UnsetType | None = UNSET
+    ranks: dict[str, Any] | UnsetType = UNSET
+    """vLLM path: the ranks the capture expected, holds and misses, and each one's trace
+    file (``definitions.ranks.ranks_held``)."""
 
 
 class BundleMeta(msgspec.Struct, kw_only=True):
@@ -260,7 +267,9 @@ class BundleMeta(msgspec.Struct, kw_only=True):
     live_at_trigger: dict[str, Any]
     """Figures at the moment the capture was requested."""
     trigger: dict[str, Any] | None
-    """The trigger rule that asked for the capture (``TriggerInfo`` + delays), or None."""
+    """The trigger rule that asked for the capture (``TriggerInfo``), or None; with
+    ``delay_steps`` and ``delay_ms`` from the offending step's end to the first captured
+    step (the profiler's warm-up step is not counted as captured)."""
     ceiling: dict[str, Any] | UnsetType | None = UNSET
     """The device ceiling the probe knew (the report's roofline); the vLLM path has none."""
     contract: dict[str, Any]

@@ -36,6 +36,17 @@ a recording, its bootstrap resamples), and ``RATIO_FIGURES`` names them by the k
 figure the window shows.  A new ratio (energy per token: Σ joules / Σ output tokens)
 is one more sum on ``RatioSums`` and one more entry there.
 
+Exporting steps stay out, measured (``rltperf bench exporting``): on a loaded 2-core
+host the engine made 0.2-0.6 x its steps/s and tokens/s while a bundle exported (the
+forked export child takes a CPU), its step P50 x0.9-1.8: the capture's cost, not the
+engine as it runs.  So an export longer than the window leaves a live window with
+(nearly) no baseline: such a window is *blind* (``blind``: excluded steps own more than
+``BLIND_SHARE`` of it).  A live consumer (the screen, ``attach --jsonl``, the probe's
+Prometheus gauges) then shows the figures of the newest window that was not blind,
+marked stale with their age (``HeldFigures``), never n/a; a whole recording
+(``summary``, ``compare``) has nothing older to show and leaves the excluded steps out
+as above.
+
 Latency figures (step time, gap, TTFT, TPOT) are percentiles of the pooled samples in
 the window, by linear interpolation (``pct``, ``percentile``): never means of per-run
 percentiles.  The monitor's windows, ``summary``, ``report`` and ``compare`` all call
@@ -46,7 +57,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -60,6 +71,10 @@ PERCENTILES = (50, 95, 99)
 
 QUIET_AFTER_S = 2.0
 """A target whose data time has run this long past its newest step is "quiet" (no steps)."""
+
+BLIND_SHARE = 0.5
+"""A window whose excluded time is more than this share of its wall time is blind: its
+figures would stand on less than half of it (``blind``)."""
 
 Num = TypeVar("Num", float, np.ndarray)
 """A figure's input and output: a float (one window) or an array (one value per window)."""
@@ -187,6 +202,39 @@ class WindowFigures:
     def per_second(self, count: float) -> float | None:
         """``count`` / T (goodput: requests meeting both SLOs)."""
         return per_second(count, self.seconds) if self.seconds > 0 else None
+
+
+def blind(fig: WindowFigures) -> bool:
+    """True when excluded steps (a capture's export, warm-up) own more than
+    ``BLIND_SHARE`` of the window: a live consumer shows the last figures that were not
+    blind instead, marked stale (``HeldFigures``).  A quiet engine is never blind: its
+    time is idle time, not excluded."""
+    return fig.excluded_s > BLIND_SHARE * fig.wall_s
+
+
+Held = TypeVar("Held")
+"""What a live consumer shows of one window (a ``Window``, the Prometheus gauges)."""
+
+
+class HeldFigures(Generic[Held]):
+    """A live consumer's figures across blind windows: each window's own while it is not
+    ``blind``, else the newest ones that were not, with their age (data time from that
+    window's end to this one's).  One per live window a consumer shows."""
+
+    def __init__(self) -> None:
+        self._held: Held | None = None
+        self._w1_ns = 0
+
+    def show(self, value: Held, is_blind: bool, w1_ns: int) -> tuple[Held, float | None]:
+        """(what to show, its age in seconds, or None when it is ``value`` itself) for the
+        window ending at ``w1_ns`` whose figures are ``value``; ``is_blind``: that window's
+        ``blind()``.  ``value`` itself when it is not blind or nothing earlier was."""
+        if not is_blind:
+            self._held, self._w1_ns = value, w1_ns
+            return value, None
+        if self._held is None:
+            return value, None
+        return self._held, max(0.0, (w1_ns - self._w1_ns) / 1e9)
 
 
 def pct(values: np.ndarray) -> dict[str, float | None]:

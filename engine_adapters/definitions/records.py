@@ -104,6 +104,16 @@ class EngineInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Host name of the engine."""
     contract: dict[str, Any] = {}
     """Further test-contract fields by contract name (values as the engine knows them)."""
+    dp_rank: int | None = None
+    """Data-parallel rank of the engine this stream comes from (vLLM: its ``EngineCore_DP<n>``)."""
+    tp_size: int | None = None
+    """Tensor-parallel ranks of this engine."""
+    pp_size: int | None = None
+    """Pipeline stages of this engine."""
+    ranks: list[str] | None = None
+    """The engine's workers this stream reports, in rank order (``tp0``, ``tp1``;
+    ``pp1-tp0`` with pipeline stages; ``engine_adapters.definitions.ranks``): the
+    index of every per-rank field of ``StepRecord``."""
 
 
 class Ceiling(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -272,6 +282,15 @@ class StepRecord(_Rec, tag="step", frozen=True):
     """Requests preempted (to be recomputed) in the step."""
     flags: int = 0
     """Bit field of ``FLAG_*``."""
+    rank_busy_ns: list[int | None] | None = None
+    """Per worker rank (``EngineInfo.ranks`` order): that rank's model forward and LM head
+    in this step, ns (None: the rank sent nothing for this step)."""
+    rank_wait_ns: list[int | None] | None = None
+    """Per worker rank: of ``rank_busy_ns``, the time inside tensor-parallel collectives,
+    where the rank waited for the others, ns (None: not measured, e.g. on CUDA)."""
+    rank_loop_ns: list[list[int]] | None = None
+    """Per worker rank: time per loop depth, ns (as ``loop_ns``; the step's ``loop_ns`` is
+    the slowest rank's per depth)."""
 
 
 class RequestRecord(_Rec, tag="req", frozen=True):

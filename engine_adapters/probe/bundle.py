@@ -37,8 +37,8 @@ from engine_adapters.definitions.bundle import (
 from engine_adapters.definitions.bundle import os_error_text as _os_error_text
 from engine_adapters.definitions.contract import build_contract
 from engine_adapters.definitions.records import CaptureFailed, EngineInfo, StepRecord, to_builtins
-from engine_adapters.probe.export import export_trace_files
-from engine_adapters.probe.job import CaptureJob
+from engine_adapters.probe.export import export_trace_files, release_results
+from engine_adapters.probe.job import CaptureJob, note_cost
 
 log = logging.getLogger("rltperf.probe.bundle")
 
@@ -112,6 +112,12 @@ class BundleWriter:
             res["where"] = None
         else:
             res = export_trace_files(job, tmp)
+            # The child is done with the results: free them now, inside the export window
+            # (the steps this slows are flagged), not at some later garbage collection.
+            t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+            release_results(job.prof)
+            job.prof = None
+            note_cost(job, "release", t1, c1)
         trace_bytes, events, steps_found = res["trace_bytes"], res["events"], res["steps_found"]
         files: dict[str, str] = dict(res["files"])
         if res["error"]:
@@ -121,6 +127,7 @@ class BundleWriter:
         export_s = time.perf_counter() - t0
         if not job.error and job.partial is None and steps_found != job.steps:
             job.error = f"the trace holds {steps_found} ProfilerStep spans, {job.steps} were requested"
+        steps: list[tuple[Any, str]] = []
         try:
             steps = _window_steps(self.history, job)
             with open(os.path.join(tmp, "steps.jsonl"), "w", encoding="utf-8") as f:
@@ -135,7 +142,7 @@ class BundleWriter:
         except OSError as exc:
             job.error = job.error or _os_error_text(exc, "steps.jsonl")
 
-        meta = self._meta(job, steps_found, trace_bytes, events, export_s, files)
+        meta = self._meta(job, steps_found, trace_bytes, events, export_s, files, [r for r, _ in steps])
         try:
             path = seal_bundle(tmp, final, meta)
         except OSError as exc:
@@ -160,6 +167,7 @@ class BundleWriter:
         events: int,
         export_s: float,
         files: dict[str, str],
+        records: list[StepRecord],
     ) -> BundleMeta:
         import torch
 
@@ -189,6 +197,7 @@ class BundleWriter:
             requested_ns=job.requested_ns,
             window_start_ns=job.started_ns,
             window_end_ns=job.window_end_ns,
+            engine_cost=dict(job.costs),
         )
         return new_meta(
             note="Timings in this bundle were taken with the profiler on: they are not a baseline.",
@@ -196,7 +205,7 @@ class BundleWriter:
             stage_names=self.stage_names(),
             capture=capture,
             live_at_trigger=job.live_at_trigger,
-            trigger=_trigger_meta(job),
+            trigger=_trigger_meta(job, records),
             ceiling=_ceiling(info),
             contract=build_contract(info),
             files=files,
@@ -233,18 +242,23 @@ def _window_steps(history: StepHistory, job: CaptureJob) -> list[tuple[Any, str]
     return out
 
 
-def _trigger_meta(job: CaptureJob) -> dict[str, Any] | None:
+def _trigger_meta(job: CaptureJob, records: list[StepRecord]) -> dict[str, Any] | None:
     """Why a triggered capture exists: the rule, the value that fired it, when, and the
-    delay from the offending step to the window (steps and ms); None for a key press."""
+    delay from the offending step to the first *captured* step (the profiler's warm-up
+    step comes before it and is not captured): ``delay_steps`` between their ids,
+    ``delay_ms`` from the trigger's time (the offending step's end) to the captured
+    step's start, both on the probe's clock as in ``steps.jsonl``.  None for a key press.
+    """
     trig = job.trigger
     if trig is None:
         return None
     out: dict[str, Any] = to_builtins(trig)
-    first = job.warmup_step if job.warmup_step is not None else (job.step_ids[0] if job.step_ids else None)
+    first = job.step_ids[0] if job.step_ids else None
     if trig.step_id is not None and first is not None:
         out["delay_steps"] = first - trig.step_id
-    if trig.ts_ns and job.started_ns:
-        out["delay_ms"] = round((job.started_ns - trig.ts_ns) / 1e6, 3)
+    start = next((r.start_ns for r in records if r.step_id == first), None)
+    if trig.ts_ns and start is not None:
+        out["delay_ms"] = round((start - trig.ts_ns) / 1e6, 3)
     return out
 
 

@@ -4,9 +4,17 @@ A ``Capture`` request (from any subscriber) arms the controller.  At the next st
 boundary the engine thread starts ``torch.profiler`` with a schedule of one warm-up step
 and ``N`` active steps (``wait=0, warmup=1, active=N, repeat=1``): the trace then holds
 exactly one ``ProfilerStep#k`` span per captured step (without a schedule, torch 2.13's
-``prof.step()`` writes no such spans).  After the N-th step the profiler stops and the
-export (operator table, Chrome trace, bundle) runs in its own thread; the steps that
-overlap it are flagged ``FLAG_EXPORTING`` by the publisher.
+``prof.step()`` writes no such spans).  After the N-th step the profiler stops, on the
+engine thread: the one piece of capture work on the step loop, and not a small one.
+torch 2.13's ``_disable_profiler()`` ends collection *and* post-processes every
+collected event in C++ with the GIL held (records materialised, the event tree built,
+events handed to Kineto), and no torch call ends collection without it; the Python-side
+processing (``key_averages``, the trace export) is not there but in the export.  The
+export (operator table, Chrome trace, bundle) then runs in its own thread, from a forked
+child (``export.py``); the steps that overlap it are flagged ``FLAG_EXPORTING`` by the
+publisher.  At its end the results are freed (``export.release_results``): a stopped
+``torch.profiler.profile`` refers to itself, and left to the garbage collector each
+capture's results stayed in the engine's memory.
 
 A window whose engine stops stepping (an idle server between bursts) ends after
 ``idle_timeout_s`` without a step: a partial bundle (``complete: false``, the reason in
@@ -27,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from time import perf_counter_ns as _clk
+from time import thread_time_ns as _cpu
 from typing import Any
 
 from engine_adapters.definitions.bundle import capture_id_problem, capture_request_problem, sanitize_label
@@ -40,7 +49,8 @@ from engine_adapters.definitions.records import (
     CaptureStarted,
     Refused,
 )
-from engine_adapters.probe.job import CaptureJob, ExportWindows
+from engine_adapters.probe.export import release_results
+from engine_adapters.probe.job import CaptureJob, ExportWindows, note_cost
 from engine_adapters.probe.ring import ObservedStep, StepRing, StepSlot
 
 log = logging.getLogger("rltperf.probe.capture")
@@ -152,8 +162,9 @@ class CaptureController:
         import torch.profiler
 
         t0 = time.perf_counter()
-        with torch.profiler.profile(activities=self._activities()):
+        with torch.profiler.profile(activities=self._activities()) as prof:
             pass
+        release_results(prof)
         self.warm_s = time.perf_counter() - t0
         self.warmed = True
         log.info("profiler warmed in %.2f s", self.warm_s)
@@ -278,6 +289,7 @@ class CaptureController:
             job.prof.stop()
         except Exception as exc:
             log.debug("stale profiler stop: %s", exc)
+        release_results(job.prof)
         job.prof = None
 
     # -- the step observer (engine thread) -------------------------------------------------
@@ -329,7 +341,9 @@ class CaptureController:
             with_stack=job.full,
             on_trace_ready=lambda p: None,  # exported by our own thread, not on the step loop
         )
+        t0, c0 = _clk(), _cpu()
         prof.start()
+        note_cost(job, "profiler_start", t0, c0)
         job.prof = prof
         job.state = "warmup"
         job.started_ns = job.last_step_ns = _clk()
@@ -376,6 +390,8 @@ class CaptureController:
                 rf.__exit__(None, None, None)
             except Exception:
                 pass
+        # After the last step the schedule stops the profiler inside this call.
+        t0, c0 = _clk(), _cpu()
         try:
             job.prof.step()
         except Exception as exc:
@@ -401,6 +417,7 @@ class CaptureController:
             self._post(CaptureProgress(capture_id=job.capture_id, steps_done=done, steps=job.steps))
             return
         self._finish_window(job)
+        note_cost(job, "profiler_stop", t0, c0)
         job.window_end_ns = _clk()
         job.state = "exporting"
         job.export_start_ns = job.window_end_ns
@@ -430,11 +447,12 @@ class CaptureController:
             job.error = job.error or f"export crashed: {type(exc).__name__}: {exc}"
             self._post(CaptureFailed(capture_id=job.capture_id, reason=job.error))
         finally:
+            if job.partial is None and job.prof is not None:  # the writer released it, unless it crashed
+                release_results(job.prof)
+                job.prof = None
             job.export_end_ns = _clk()
             if job.export_start_ns is not None:
                 self.export_windows.end(job.export_start_ns, job.export_end_ns)
-            if job.partial is None:  # a stalled window's profiler is the engine thread's to drop
-                job.prof = None
             with self._lock:
                 if self.job is job:
                     self.job = None
@@ -445,6 +463,9 @@ class CaptureController:
         log.warning("capture %s failed: %s", job.capture_id, reason)
         job.state = "failed"
         job.error = reason
+        if job.prof is not None:  # stopped by _finish_window (or never started): nothing exports it
+            release_results(job.prof)
+            job.prof = None
         with self._lock:
             if self.job is job:
                 self.job = None

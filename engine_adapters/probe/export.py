@@ -13,10 +13,11 @@ import logging
 import os
 import shutil
 import time
+import weakref
 from typing import Any
 
 from engine_adapters.definitions.bundle import os_error_text as _os_error_text
-from engine_adapters.probe.job import CaptureJob
+from engine_adapters.probe.job import CaptureJob, note_cost
 
 log = logging.getLogger("rltperf.probe.bundle")
 
@@ -105,11 +106,14 @@ def _export_forked(job: CaptureJob, tmp: str, sort: str) -> dict[str, Any] | Non
     exports in-thread, which is correct, only slow for the engine.
     """
     result = os.path.join(tmp, ".export-result.json")
+    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     try:
-        pid = os.fork()
+        pid = os.fork()  # holds the GIL while the kernel copies the page tables: timed
     except OSError as exc:
         log.warning("export fork failed (%s): exporting in-thread", exc)
         return None
+    if pid != 0:
+        note_cost(job, "fork", t0, c0)
     if pid == 0:  # child: no logging, no exceptions out, no atexit
         code = 3
         try:
@@ -177,6 +181,39 @@ def _ops_table(job: CaptureJob, sort: str) -> str:
         f"# sorted by {sort}; {'grouped by input shape' if job.full else 'no shapes recorded'}\n\n"
     )
     return header + ka.table(sort_by=sort, row_limit=TOP_OPS_ROWS, max_name_column_width=60)
+
+
+def release_results(prof: Any) -> bool:
+    """Free a stopped profiler's results now (any thread); True when they are gone.
+
+    ``torch.profiler.profile`` refers to itself (its ``action_map`` holds its own bound
+    methods), so dropping the last reference to it frees nothing: its results (every
+    event and the Kineto trace, held by ``prof.profiler``) wait for a full pass of the
+    cyclic garbage collector, which a long-running engine makes rarely.  Each capture
+    left ~16 MB of the reference engine's RSS behind (issue 20 §2), and the pass that
+    finally came would free them all at once, on whatever thread it ran.  Cutting
+    ``prof.profiler`` frees them here; clearing ``action_map`` frees the rest.
+    """
+    if prof is None:
+        return True
+    inner = getattr(prof, "profiler", None)
+    if inner is None:
+        return True
+    try:
+        gone = weakref.ref(inner)
+    except TypeError:
+        gone = None
+    del inner
+    try:
+        prof.profiler = None
+        prof.action_map = {}
+    except Exception as exc:  # a torch whose profile refuses the assignment
+        log.warning("profiler results not released (%s): left to the garbage collector", exc)
+        return False
+    if gone is not None and gone() is not None:
+        log.warning("profiler results still referenced after release: left to the garbage collector")
+        return False
+    return True
 
 
 def export_trace_files(job: CaptureJob, tmp: str) -> dict[str, Any]:

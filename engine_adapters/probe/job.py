@@ -7,10 +7,11 @@ probe.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CaptureJob", "ExportWindows"]
+__all__ = ["CaptureJob", "ExportWindows", "note_cost"]
 
 
 @dataclass
@@ -38,6 +39,12 @@ class CaptureJob:
     last_step_ns: int = 0  # end of the window's last step (or its start), probe clock
     partial: str | None = None  # why the window ended before N steps (bundle complete: false)
     export_where: str | None = None  # "child" (forked) or "thread" (fallback)
+    costs: dict[str, float] = field(default_factory=dict)
+    """What the capture cost the engine process, measured where it ran (``meta.json``
+    ``capture.engine_cost``): ``profiler_start`` / ``profiler_stop`` on the engine thread,
+    the ``fork`` of the export child and the ``release`` of the results on the export
+    thread (both with the GIL held), each ``*_ms`` (wall) and
+    ``*_cpu_ms`` (that thread's CPU time: preemption on a busy host does not count)."""
     live_at_trigger: dict[str, Any] = field(default_factory=dict)
     trigger: Any = None
     """``TriggerInfo`` when a trigger rule asked for this capture."""
@@ -46,6 +53,13 @@ class CaptureJob:
     def full(self) -> bool:
         """Full mode: shapes, memory and stacks recorded."""
         return self.mode == "full"
+
+
+def note_cost(job: CaptureJob, name: str, t0_ns: int, cpu0_ns: int) -> None:
+    """Record ``name``'s wall and thread CPU time since ``t0_ns`` / ``cpu0_ns``
+    (``perf_counter_ns`` / ``thread_time_ns``, read on the same thread)."""
+    job.costs[f"{name}_ms"] = round((time.perf_counter_ns() - t0_ns) / 1e6, 3)
+    job.costs[f"{name}_cpu_ms"] = round((time.thread_time_ns() - cpu0_ns) / 1e6, 3)
 
 
 class ExportWindows:

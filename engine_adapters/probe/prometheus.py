@@ -18,6 +18,7 @@ rltperf_model_bytes_total                    counter    analytic bytes read + wr
 rltperf_model_flops_total                    counter    analytic FLOPs
 rltperf_device_idle_ratio                    gauge      1 - busy / wall over the last ``window_s``
 rltperf_model_bandwidth_utilization_ratio    gauge      MBU over the last ``window_s`` (needs a peak)
+rltperf_window_stale_seconds                 gauge      0, or the age of the idle/MBU shown (see below)
 rltperf_peak_memory_bandwidth_bytes_per_second gauge    the peak MBU is measured against, label ``source``
 rltperf_exit_depth_tokens_total              counter    tokens by exit depth, label ``depth``
 rltperf_spec_drafts_total                    counter    draft sequences proposed
@@ -37,7 +38,10 @@ The window gauges are ``engine_adapters.definitions.figures``'s definitions, the
 monitor and ``rltperf summary`` run: the window is the last ``window_s`` of wall time
 up to the moment of the scrape (up to the start of a step still running), so the
 gauges move to idle 1 and MBU 0 when the engine stops stepping instead of freezing at
-their last value; profiled, exporting and warm-up steps leave them.
+their last value; profiled, exporting and warm-up steps leave them.  While those own
+most of the window (a capture's export longer than it: ``figures.blind``), the gauges
+hold the newest figures of a window that was not blind (``figures.HeldFigures``) and
+``rltperf_window_stale_seconds`` says how old they are.
 """
 
 from __future__ import annotations
@@ -115,6 +119,12 @@ class _WindowCollector:
 
         idle, mbu = self.exp.window_figures()
         w = self.exp.window_s
+        st = GaugeMetricFamily(
+            "rltperf_window_stale_seconds",
+            "0, or how old the idle and MBU gauges are: held over a window that a capture's export owns",
+        )
+        st.add_metric([], self.exp.stale_s or 0.0)
+        yield st
         g = GaugeMetricFamily(
             "rltperf_device_idle_ratio",
             f"Device idle fraction over the last {w:g} s of steps: 1 - sum(busy) / wall (NaN until busy is known)",
@@ -163,6 +173,9 @@ class PrometheusExporter:
         self._last_id: int | None = None
         self._last_end = 0
         self._cap_mode: dict[str, str] = {}
+        self._held: F.HeldFigures[tuple[float | None, float | None]] = F.HeldFigures()
+        self.stale_s: float | None = None
+        """Age of the last ``window_figures`` when they were held over a blind window."""
         reg = self.registry = CollectorRegistry(auto_describe=True)
         info = probe.engine_info
         Info("rltperf_engine", "The engine this probe runs in", registry=reg).info(
@@ -344,7 +357,8 @@ class PrometheusExporter:
 
     def window_figures(self, now_ns: int | None = None) -> tuple[float | None, float | None]:
         """(idle fraction, MBU) over the last ``window_s`` of wall time up to now (up to
-        the start of a step still running), by ``engine_adapters.definitions.figures``."""
+        the start of a step still running), by ``engine_adapters.definitions.figures``;
+        held over a blind window (``stale_s`` then says how old they are)."""
         now = _clk() if now_ns is None else now_ns
         since = self.probe.in_step_since()
         with self._lock:
@@ -374,7 +388,10 @@ class PrometheusExporter:
             owned_lo=F.owned_from(start, end, before or (int(start[0]) if start.size else w0)),
             reported=(self._busy_seen, self._bytes_seen, False),
         )
-        return fig.idle_fraction, fig.mbu(self.peak_bw_gbps)
+        shown, self.stale_s = self._held.show(
+            (fig.idle_fraction, fig.mbu(self.peak_bw_gbps)), F.blind(fig), w1
+        )
+        return shown
 
     def close(self) -> None:
         """Stop serving."""

@@ -20,6 +20,7 @@ from typing import Any
 from engine_adapters.definitions import roofline as RL
 from engine_adapters.definitions.bundle import missing_meta_fields, read_meta
 from engine_adapters.definitions.figures import EXCLUDED_FLAGS
+from engine_adapters.definitions.ranks import ranks_text
 from rltperf_tui.analysis import traces as T
 from rltperf_tui.analysis.report_steps import (
     Operators,
@@ -208,6 +209,10 @@ def analyze_bundle(
     rep["loop_ms"] = lr["loop_ms"] if lr else None
     rep["loop_passes_per_step"] = lr["passes_per_step"] if lr else None
     rep["exit_hist"] = exit_histogram(step_records) or None
+    rk = cap.get("ranks")  # vLLM captures of a multi-rank server: held and missing ranks
+    rep["ranks"] = dict(rk, text=ranks_text(rk)) if isinstance(rk, dict) else None
+    if rep["ranks"] and rep["ranks"].get("missing"):
+        rep["problems"].append(f"ranks missing from the capture: {rep['ranks']['text']}")
     return BundleAnalysis(path, meta, trace, scan, ops.host_ops, ops.device_ops, idle, step_records, rep)
 
 

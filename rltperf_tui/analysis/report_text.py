@@ -58,6 +58,12 @@ def _header_lines(rep: dict[str, Any]) -> list[str]:
         f"{_f(rep['steps_recorded'], '{}')}, found in the trace {_f(rep['steps_found'], '{}')} "
         f"({rep.get('step_source') or 'no trace'})"
     )
+    rk = rep.get("ranks")
+    if rk and rk.get("text"):
+        L.append(
+            f"RANKS: {rk['text']}"
+            + (f" ({', '.join(rk.get('held') or {})})" if not rk.get("missing") else "")
+        )
     for p in rep["problems"]:
         L.append(f"  problem: {p}")
     for n in rep["notes"]:

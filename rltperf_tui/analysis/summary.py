@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from engine_adapters.definitions.records import Ceiling
+from engine_adapters.definitions.records import Ceiling, EngineInfo
 from engine_adapters.monitor.recording import RecordingReader
 from rltperf_tui.live.aggregator import MetricsWindow, TargetStats
 
@@ -31,14 +31,22 @@ def load_recording(
 SUMMARY_KEYS = (
     "steps", "wall_s", "baseline_s", "excluded_s", "step_ms", "gap_ms", "idle_fraction", "mbu",
     "tokens_per_s", "ttft_ms", "tpot_ms", "requests", "dropped", "peak", "achieved_gbps", "verdict",
-    "steps_per_s", "stage_ms_mean", "goodput_rps", "profiled_steps", "excluded", "exit_hist",
+    "steps_per_s", "stage_ms_mean", "goodput_rps", "profiled_steps", "excluded", "stale_s", "exit_hist",
     "mean_exit_depth", "loop_ms", "loop_tokens", "acceptance_rate", "mean_acceptance_len", "engine", "random_weights",
-    "figures_from", "statistics", "metrics", "warning",
+    "figures_from", "statistics", "metrics", "warning", "identity", "ranks",
 )  # fmt: skip
 """The top-level keys of ``rltperf summary --json``: the same for every kind of target
 (a figure a target cannot give is null).  ``figures_from`` says where the top-level
 figures come from: ``"steps"`` (per-step records), ``"metrics"`` (a metrics endpoint
-such as vLLM's ``/metrics``, whose full window is under ``metrics``) or null (neither)."""
+such as vLLM's ``/metrics``, whose full window is under ``metrics``) or null (neither).
+``identity`` is where the stream comes from in a multi-rank server (DP rank, TP/PP size,
+its workers, host); ``ranks`` the per-rank figures of a multi-rank engine
+(``engine_adapters.definitions.ranks``: busy, wait and compute ms per step, the slowest
+rank and the skew), null for a single rank.
+
+``stale_s`` (live windows only, ``attach --jsonl``): the window is blind (a capture's
+export owns most of it, ``figures.blind``) and the figures are those of the newest
+window that was not, this many seconds older; else null."""
 
 METRICS_FAILED_REASONS = ("abort", "error")
 """``finished_reason`` labels of vLLM's request counter that count as failed requests."""
@@ -54,7 +62,7 @@ def summarize(
     what a bounded ring still keeps (``TargetStats.kept_seconds``; ``statistics`` then says so);
     with ``window_s``, the live window of its last seconds (``attach --jsonl``), same keys."""
     kept = stats.kept_seconds() if window_s is None else window_s
-    w = stats.window(kept, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+    w = stats.window(kept, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, hold=window_s is not None)
     out: dict[str, Any] = dict.fromkeys(SUMMARY_KEYS)
     out.update(w.as_summary())
     out["dropped"] = stats.dropped
@@ -91,6 +99,9 @@ def summarize(
     info = stats.info
     out["engine"] = info.name if info else None
     out["random_weights"] = info.random_weights if info else None
+    out["identity"] = identity(info)
+    rf = stats.rank_window(kept)
+    out["ranks"] = rf.as_summary() if rf is not None else None
     out["figures_from"] = "steps" if w.steps else None
     out["statistics"] = (
         "percentiles of pooled samples over the whole recording; rates over its wall time "
@@ -101,6 +112,11 @@ def summarize(
             f"percentiles of pooled samples over the last {window_s:g} s of data time; rates over that "
             "wall time, profiled/exporting/warm-up steps and their time left out"
         )
+        if w.stale_s is not None:
+            out["statistics"] += (
+                f"; stale: excluded steps own most of this window, the figures are those of "
+                f"{w.stale_s:.1f} s earlier"
+            )
     elif kept is not None:
         out["statistics"] += f"; only the last {len(stats.steps)} steps ({kept:.0f} s) were kept in memory"
     mw = stats.metrics_window(window_s)  # vLLM over HTTP: its /metrics, not per-step records
@@ -109,6 +125,14 @@ def summarize(
         if not w.steps:
             _from_metrics(out, mw)
     return out
+
+
+def identity(info: EngineInfo | None) -> dict[str, Any] | None:
+    """Where a stream comes from in a multi-rank server (``summary --json``'s ``identity``)."""
+    if info is None:
+        return None
+    return {"dp_rank": info.dp_rank, "tp_size": info.tp_size, "pp_size": info.pp_size, "ranks": info.ranks,
+            "host": info.host}  # fmt: skip
 
 
 def _from_metrics(out: dict[str, Any], mw: MetricsWindow) -> None:

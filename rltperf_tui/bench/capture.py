@@ -1,10 +1,15 @@
-"""``rltperf bench capture``: the figures a user needs to size a capture window.
+"""``rltperf bench capture``: what a capture costs the engine, and what a user needs to
+size a capture window.
 
 For each mode (ops, full), repeated captures of N steps on a running engine measure:
 
 - **keypress → first captured step**: from the moment the probe received the request
   (``capture.requested_ns`` in meta.json, probe clock) to the start of the first captured
   step, in ms and in engine steps (one of those steps is the profiler's warm-up step);
+- **window start**: the gap before the profiler's warm-up step (the profiler starts
+  there, on the engine thread) and the warm-up step itself;
+- **window end**: the gap between the last captured step and the next one, where the
+  engine thread stops the profiler;
 - **slow-down of the captured steps**: their median step time (probe records) over the
   median of the unprofiled steps just before the request;
 - **export**: export time, and trace size and event count per captured step;
@@ -12,14 +17,22 @@ For each mode (ops, full), repeated captures of N steps on a running engine meas
   the **longest** of them, the **extra engine time** they took (the sum over them of
   step time minus the unprofiled median: net, so noise cancels) and the engine's **steps/s during the export
   over before**; the export runs in a forked child (``export in``: child) unless
-  ``RLTPERF_EXPORT_FORK=0`` in the engine's environment (in-thread: the old behaviour);
-- **stop**: the gap between the last captured step and the next one, where the engine
-  thread itself stops the profiler (torch post-processes every event there, holding
-  the GIL; it cannot be moved to another thread: the profiler is thread-local).
+  ``RLTPERF_EXPORT_FORK=0`` in the engine's environment (in-thread: the old behaviour).
+
+Each gap and step is held against the limit 3 × unprofiled p50 + 20 ms.
+
+**Memory** (``--rss-captures K``, default 12): K sequential captures (``--rss-mode``),
+the engine's resident memory after each once its export is over; the growth over the
+captures after the first ``--rss-warmup`` (default 2: the first captures grow the
+allocator's arenas to their working size) is what a flight recorder capturing for
+hours would pay per capture.  Then as long again without captures: a young engine grows
+by itself for minutes (the reference engine: ~4 MB/min in its first three), and the
+growth net of that drift is the capture's.  RSS is read from ``/proc/PID`` when the bench started the
+engine (or ``--pid``), else from the probe's own ``DeviceSample.proc_rss``.
 
 Step times come from the probe's own records (host monotonic clock, shared by all
 processes on the host), never from the client's clock.  Without ``--target`` the bench
-starts the reference engine (``rltperf engine --preset tiny --workload closed:8``) with its snapshots
+starts the reference engine (``rltperf engine --preset tiny --workload closed:4``) with its snapshots
 in a temporary folder; point ``--target`` at the reference engine (``rltperf engine``)
 or your own to measure that.
 """
@@ -35,39 +48,63 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import engine_adapters
 
-HELP = (
-    "capture cost: keypress-to-first-step, slow-down of captured steps, export time and trace size per step"
-)
+HELP = "capture cost: window start/end gaps, export overlap, RSS growth per capture, keypress-to-first-step"
 DESCRIPTION = __doc__ or HELP
+
+COST_KEYS = tuple(
+    f"{n}{u}" for n in ("profiler_start", "profiler_stop", "fork", "release") for u in ("_ms", "_cpu_ms")
+)
+"""``meta.json`` ``capture.engine_cost``: the probe's wall and thread-CPU time of each."""
+LIMIT_FACTOR, LIMIT_MS = 3.0, 20.0
+"""A step or gap over LIMIT_FACTOR × unprofiled p50 + LIMIT_MS counts as a stall."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target",
         default=None,
-        help="a running engine (tcp://HOST:PORT); default: start the reference engine (tiny, cpu, closed:8)",
+        help="a running engine (tcp://HOST:PORT); default: start the reference engine (tiny, cpu, --workload)",
+    )
+    p.add_argument(
+        "--workload", default="closed:4", help="workload of the engine the bench starts (default closed:4)"
     )
     p.add_argument("--steps", type=int, default=8, metavar="N", help="steps per capture (default 8)")
     p.add_argument("--repeats", type=int, default=3, help="captures per mode (default 3)")
     p.add_argument("--modes", default="ops,full", help="modes to measure (default ops,full)")
+    p.add_argument(
+        "--rss-captures",
+        type=int,
+        default=12,
+        metavar="K",
+        help="sequential captures for RSS (default 12; 0: none)",
+    )
+    p.add_argument(
+        "--rss-warmup", type=int, default=2, metavar="W", help="of those, warm-up captures (default 2)"
+    )
+    p.add_argument(
+        "--rss-mode", default="ops", choices=("ops", "full"), help="mode of the RSS captures (default ops)"
+    )
+    p.add_argument(
+        "--pid", type=int, default=None, help="the --target engine's process id: its RSS from /proc"
+    )
     p.add_argument("--token", default=None, help="probe token for non-loopback targets")
 
 
-def _start_engine(snap: str) -> tuple[subprocess.Popen[str], str, str]:
-    """The reference engine (tiny preset, CPU, 8 concurrent requests) on a free port."""
+def _start_engine(snap: str, workload: str) -> tuple[subprocess.Popen[str], str, str]:
+    """The reference engine (tiny preset, CPU, ``workload``) on a free port."""
     env = dict(os.environ)
     root = str(Path(engine_adapters.__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    workload = "closed:8"
     proc = subprocess.Popen(
         [sys.executable, "-m", "rltperf_tui.cli", "engine", "--preset", "tiny", "--workload", workload,
-         "--listen", "127.0.0.1:0", "--duration", "600", "--snapshots", snap],
+         "--listen", "127.0.0.1:0", "--duration", "3600", "--snapshots", snap],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -78,6 +115,8 @@ def _start_engine(snap: str) -> tuple[subprocess.Popen[str], str, str]:
             break
         m = re.search(r"tcp://(\S+:\d+)", line)
         if m:
+            # its status lines, read so that a full pipe never blocks it
+            threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
             return (
                 proc,
                 f"tcp://{m.group(1)}",
@@ -87,37 +126,71 @@ def _start_engine(snap: str) -> tuple[subprocess.Popen[str], str, str]:
     raise RuntimeError("the reference engine did not start")
 
 
+def _drain(stream: Any) -> None:
+    for _line in stream:
+        pass
+
+
 def _med(v: list[float]) -> float | None:
     return statistics.median(v) if v else None
 
 
-def _one_capture(session: Any, mode: str, steps: int, history: list[Any]) -> dict[str, Any]:
-    from engine_adapters.definitions.records import (
-        FLAG_EXPORTING,
-        FLAG_PROFILED,
-        FLAG_WARMUP,
-        CaptureDone,
-        CaptureFailed,
-        Refused,
-        StepRecord,
-    )
+class _Feed:
+    """The session's records: step history, latest RSS, and the replies to one capture."""
+
+    def __init__(self, session: Any, pid: int | None) -> None:
+        self.session = session
+        self.pid = pid
+        self.history: list[Any] = []
+        self.rss: int | None = None
+
+    def read(self, seconds: float, until: Any = None) -> Any:
+        """Read for ``seconds`` (or until ``until(record)`` is true); the matching record."""
+        from engine_adapters.definitions.records import DeviceSample, StepRecord
+
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for r in self.session.read(min(0.2, max(0.01, end - time.monotonic()))):
+                if isinstance(r, StepRecord):
+                    self.history.append(r)
+                elif isinstance(r, DeviceSample) and r.proc_rss:
+                    self.rss = r.proc_rss
+                elif until is not None and until(r):
+                    return r
+        return None
+
+    def rss_bytes(self) -> int | None:
+        """The engine's resident memory now: /proc when local, else the probe's last sample."""
+        if self.pid is not None:
+            try:
+                with open(f"/proc/{self.pid}/statm", encoding="ascii") as f:
+                    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            except OSError:
+                pass
+        return self.rss
+
+
+def _capture(feed: _Feed, mode: str, steps: int) -> tuple[Any, int]:
+    """One capture; (its reply, client send time)."""
+    from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Refused
 
     t_send = time.perf_counter_ns()
-    cid = session.request_capture(steps, mode, "bench")
-    result: Any = None
-    deadline = time.monotonic() + 300  # a low-priority export child on a busy box is slow
-    while result is None and time.monotonic() < deadline:
-        for r in session.read(0.2):
-            if isinstance(r, StepRecord):
-                history.append(r)
-            elif (
-                isinstance(r, (CaptureDone, CaptureFailed, Refused)) and getattr(r, "capture_id", None) == cid
-            ):
-                result = r
-    # the steps that overlap the export arrive a little later
-    t_end = time.monotonic() + 0.5
-    while time.monotonic() < t_end:
-        history.extend(r for r in session.read(0.1) if isinstance(r, StepRecord))
+    cid = feed.session.request_capture(steps, mode, "bench")
+    result = feed.read(
+        300,  # a low-priority export child on a busy box is slow
+        lambda r: (
+            isinstance(r, (CaptureDone, CaptureFailed, Refused)) and getattr(r, "capture_id", None) == cid
+        ),
+    )
+    feed.read(1.0)  # the steps that overlap the export's end arrive a little later
+    return result, t_send
+
+
+def _one_capture(feed: _Feed, mode: str, steps: int) -> dict[str, Any]:
+    from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP, CaptureDone
+
+    result, t_send = _capture(feed, mode, steps)
+    history = feed.history
     if not isinstance(result, CaptureDone):
         return {"mode": mode, "error": getattr(result, "reason", "no answer within 300 s")}
     meta: dict[str, Any] = {}
@@ -130,16 +203,21 @@ def _one_capture(session: Any, mode: str, steps: int, history: list[Any]) -> dic
     req_ns = cap.get("requested_ns") or t_send
     ids = cap.get("step_ids") or []
     by_id = {r.step_id: r for r in history}
+
+    def ms(r: Any) -> float:
+        return (r.end_ns - r.start_ns) / 1e6
+
+    def gap(a: Any, b: Any) -> float | None:
+        return (b.start_ns - a.end_ns) / 1e6 if a is not None and b is not None else None
+
     first = by_id.get(ids[0]) if ids else None
     base = [
-        (r.end_ns - r.start_ns) / 1e6
+        ms(r)
         for r in history
         if r.end_ns < req_ns and not r.flags & (FLAG_PROFILED | FLAG_EXPORTING | FLAG_WARMUP)
     ][-400:]
-    captured = [(by_id[i].end_ns - by_id[i].start_ns) / 1e6 for i in ids if i in by_id]
-    exporting = [
-        (r.end_ns - r.start_ns) / 1e6 for r in history if r.flags & FLAG_EXPORTING and r.start_ns > req_ns
-    ]
+    captured = [ms(by_id[i]) for i in ids if i in by_id]
+    exporting = [ms(r) for r in history if r.flags & FLAG_EXPORTING and r.start_ns > req_ns]
     w0 = cap.get("window_end_ns")
     w1 = w0 + result.export_s * 1e9 if w0 else None
     before = [r for r in history if req_ns - 2e9 <= r.start_ns < req_ns and not r.flags & FLAG_PROFILED]
@@ -149,9 +227,8 @@ def _one_capture(session: Any, mode: str, steps: int, history: list[Any]) -> dic
         span = (before[-1].end_ns - before[0].start_ns) / 1e9
         if span > 0:
             rate_ratio = (len(inside) / ((w1 - w0) / 1e9)) / (len(before) / span)
-    last = by_id.get(ids[-1]) if ids else None
-    nxt = by_id.get(ids[-1] + 1) if ids else None
-    stop_gap = (nxt.start_ns - last.end_ns) / 1e6 if last is not None and nxt is not None else None
+    warm_id = cap.get("profiler_warmup_step")
+    warm = by_id.get(warm_id) if warm_id is not None else None
     out: dict[str, Any] = {
         "mode": mode,
         "bundle": result.bundle,
@@ -171,9 +248,14 @@ def _one_capture(session: Any, mode: str, steps: int, history: list[Any]) -> dic
             sum(exporting) - len(exporting) * statistics.median(base) if exporting and base else None
         ),
         "export_rate_ratio": rate_ratio,
-        "stop_gap_ms": stop_gap,
+        "window_start_gap_ms": gap(by_id.get(warm_id - 1), warm) if warm_id is not None else None,
+        "warmup_step_ms": ms(warm) if warm is not None else None,
+        "window_end_gap_ms": gap(by_id.get(ids[-1]), by_id.get(ids[-1] + 1)) if ids else None,
         "clock": "probe (meta.json requested_ns)" if cap.get("requested_ns") else "client send time",
     }
+    cost = cap.get("engine_cost") or {}  # the probe's own timing of its work (absent before issue 20)
+    for k in COST_KEYS:
+        out[k] = cost.get(k)
     if first is not None:
         out["to_first_step_ms"] = (first.start_ns - req_ns) / 1e6
         out["to_first_step_steps"] = sum(
@@ -185,39 +267,92 @@ def _one_capture(session: Any, mode: str, steps: int, history: list[Any]) -> dic
     return out
 
 
+def _rss_run(feed: _Feed, mode: str, steps: int, count: int, warmup: int) -> dict[str, Any]:
+    """``count`` sequential captures, the engine's RSS (MB) before and after each; then
+    as long again without captures (the engine's own drift, e.g. a young engine still
+    growing its caches), read the same way."""
+    from engine_adapters.definitions.records import CaptureDone
+
+    def mb() -> float | None:
+        v = feed.rss_bytes()
+        return round(v / 2**20, 1) if v else None
+
+    rss = [mb()]
+    failed = []
+    t_counted = time.monotonic()
+    for i in range(count):
+        if i == warmup:
+            t_counted = time.monotonic()
+        result, _t = _capture(feed, mode, steps)
+        if not isinstance(result, CaptureDone):
+            failed.append(getattr(result, "reason", "no answer within 300 s"))
+        del feed.history[:-5000]
+        rss.append(mb())
+    counted_s = time.monotonic() - t_counted
+    control_s = min(counted_s, 300.0)
+    feed.read(control_s)
+    control_end = mb()
+    del feed.history[:-5000]
+    counted = rss[warmup:] if 0 <= warmup < len(rss) else []
+    n = len(counted) - 1
+    a, b, c = (counted[0], counted[-1], rss[-1]) if n > 0 else (None, None, None)
+    growth = b - a if a is not None and b is not None else None
+    control = control_end - c if control_end is not None and c is not None else None
+    net = (
+        growth - control * counted_s / control_s
+        if growth is not None and control is not None and control_s
+        else None
+    )
+    return {
+        "mode": mode,
+        "steps": steps,
+        "captures": count,
+        "warmup": warmup,
+        "rss_mb": rss,
+        "source": f"/proc/{feed.pid}" if feed.pid is not None else "probe DeviceSample.proc_rss",
+        "growth_mb": growth,
+        "per_capture_mb": growth / n if growth is not None and n > 0 else None,
+        "counted_s": round(counted_s, 1),
+        "control_s": round(control_s, 1),
+        "control_mb": control,
+        "net_per_capture_mb": net / n if net is not None and n > 0 else None,
+        "failed": failed,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from engine_adapters.definitions.records import StepRecord
     from engine_adapters.monitor.registry import adapter_for
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    workload = getattr(args, "workload", "closed:4")
+    rss_count = getattr(args, "rss_captures", 0)
     tmp = None
     proc = None
     engine = args.target
+    rss: dict[str, Any] | None = None
     try:
         if args.target is None:
             tmp = tempfile.mkdtemp(prefix="rltperf-bench-capture-")
-            proc, target, engine = _start_engine(tmp)
+            proc, target, engine = _start_engine(tmp, workload)
         else:
             target = args.target
         opts: dict[str, Any] = {"reconnect": False}
         if args.token:
             opts["token"] = args.token
-        session = adapter_for(target, **opts).connect()
-        history: list[Any] = []
+        pid = proc.pid if proc is not None else getattr(args, "pid", None)
+        feed = _Feed(adapter_for(target, **opts).connect(), pid)
         try:
-            t_end = time.monotonic() + 1.5  # unprofiled steps to compare against
-            while time.monotonic() < t_end:
-                history.extend(r for r in session.read(0.1) if isinstance(r, StepRecord))
+            feed.read(1.5)  # unprofiled steps to compare against
             runs = []
             for _ in range(max(1, args.repeats)):
                 for mode in modes:
-                    runs.append(_one_capture(session, mode, args.steps, history))
-                    del history[:-20000]
-                    t_end = time.monotonic() + 0.3
-                    while time.monotonic() < t_end:
-                        history.extend(r for r in session.read(0.1) if isinstance(r, StepRecord))
+                    runs.append(_one_capture(feed, mode, args.steps))
+                    del feed.history[:-20000]
+                    feed.read(0.3)
+            if rss_count > 0:
+                rss = _rss_run(feed, args.rss_mode, args.steps, rss_count, args.rss_warmup)
         finally:
-            session.close()
+            feed.session.close()
     finally:
         if proc is not None:
             proc.terminate()
@@ -228,45 +363,47 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     per_mode: dict[str, Any] = {}
+    keys = (
+        "to_first_step_ms", "to_first_step_steps", "slowdown", "export_s", "trace_bytes_per_step",
+        "events_per_step", "export_overlap_slowdown", "baseline_step_ms_p50", "captured_step_ms_p50",
+        "exporting_step_ms_max", "export_extra_engine_ms", "export_rate_ratio", "window_start_gap_ms",
+        "warmup_step_ms", "window_end_gap_ms",
+    )  # fmt: skip
     for mode in modes:
         rs = [r for r in runs if r["mode"] == mode and "error" not in r]
-        keys = (
-            "to_first_step_ms",
-            "to_first_step_steps",
-            "slowdown",
-            "export_s",
-            "trace_bytes_per_step",
-            "events_per_step",
-            "export_overlap_slowdown",
-            "baseline_step_ms_p50",
-            "captured_step_ms_p50",
-            "exporting_step_ms_max",
-            "export_extra_engine_ms",
-            "export_rate_ratio",
-            "stop_gap_ms",
-        )
-        per_mode[mode] = {k: _med([r[k] for r in rs if r.get(k) is not None]) for k in keys}
-        per_mode[mode]["longest_exporting_step_ms"] = max(
-            (r["exporting_step_ms_max"] for r in rs if r.get("exporting_step_ms_max") is not None),
-            default=None,
-        )
-        per_mode[mode]["export_in"] = sorted({str(r.get("export_in")) for r in rs})
-        per_mode[mode]["captures"] = len(rs)
-        per_mode[mode]["failed"] = [r["error"] for r in runs if r["mode"] == mode and "error" in r]
+        m = per_mode[mode] = {k: _med([r[k] for r in rs if r.get(k) is not None]) for k in keys + COST_KEYS}
+        worst = {
+            "exporting_step_ms_max": "longest_exporting_step_ms",
+            "window_start_gap_ms": "window_start_gap_ms_worst",
+            "warmup_step_ms": "warmup_step_ms_worst",
+            "window_end_gap_ms": "window_end_gap_ms_worst",
+        }
+        for k, name in worst.items():
+            m[name] = max((r[k] for r in rs if r.get(k) is not None), default=None)
+        base = m["baseline_step_ms_p50"]
+        m["limit_ms"] = LIMIT_FACTOR * base + LIMIT_MS if base is not None else None
+        m["export_in"] = sorted({str(r.get("export_in")) for r in rs})
+        m["captures"] = len(rs)
+        m["failed"] = [r["error"] for r in runs if r["mode"] == mode and "error" in r]
     return {
         "engine": engine,
         "steps_per_capture": args.steps,
         "repeats": args.repeats,
         "modes": per_mode,
+        "rss": rss,
         "runs": [{k: v for k, v in r.items() if k != "bundle"} for r in runs],
-        "statistics": "medians over the repeats; step times from the probe's records",
-        "ok": all(not m["failed"] and m["captures"] for m in per_mode.values()),
+        "statistics": "medians over the repeats (worst: the largest); step times from the probe's records",
+        "ok": all(not m["failed"] and m["captures"] for m in per_mode.values())
+        and not (rss and rss["failed"]),
     }
 
 
 def print_text(r: dict[str, Any]) -> None:
     def f(v: Any, fmt: str = "{:.2f}") -> str:
         return "n/a" if v is None else fmt.format(v)
+
+    def held(v: Any, limit: Any) -> str:
+        return "" if v is None or limit is None else (" ok" if v <= limit else " OVER")
 
     print(
         f"capture cost on {r['engine']}: {r['repeats']} captures of {r['steps_per_capture']} steps per mode "
@@ -278,20 +415,46 @@ def print_text(r: dict[str, Any]) -> None:
     )
     for mode, m in r["modes"].items():
         kib = m["trace_bytes_per_step"] / 1024 if m["trace_bytes_per_step"] is not None else None
+        lim = m["limit_ms"]
         print(
             f"{mode:<6} {f(m['to_first_step_ms'], '{:.2f} ms'):>12} {f(m['to_first_step_steps'], '{:.0f}'):>8} "
             f"{f(m['slowdown'], 'x{:.2f}'):>10} {f(m['export_s'], '{:.3f}'):>9} {f(kib, '{:.1f}'):>9} "
             f"{f(m['events_per_step'], '{:.0f}'):>12} {f(m['export_overlap_slowdown'], 'x{:.2f}'):>15}"
         )
         print(
+            f"{'':<6} limit 3 x p50 + 20 = {f(lim, '{:.1f} ms')}; window start: gap "
+            f"{f(m['window_start_gap_ms'], '{:.1f}')} (worst {f(m['window_start_gap_ms_worst'], '{:.1f}')}"
+            f"{held(m['window_start_gap_ms_worst'], lim)}), warm-up step {f(m['warmup_step_ms'], '{:.1f}')} "
+            f"(worst {f(m['warmup_step_ms_worst'], '{:.1f}')}{held(m['warmup_step_ms_worst'], lim)}) ms; "
+            f"window end: gap {f(m['window_end_gap_ms'], '{:.1f}')} (worst "
+            f"{f(m['window_end_gap_ms_worst'], '{:.1f}')}{held(m['window_end_gap_ms_worst'], lim)}) ms"
+        )
+        print(
+            f"{'':<6} the probe's own timing (wall / engine-thread CPU): profiler start "
+            f"{f(m['profiler_start_ms'], '{:.1f}')} / {f(m['profiler_start_cpu_ms'], '{:.1f}')} ms, stop "
+            f"{f(m['profiler_stop_ms'], '{:.1f}')} / {f(m['profiler_stop_cpu_ms'], '{:.1f}')} ms; export thread "
+            f"(GIL held): fork {f(m['fork_ms'], '{:.1f}')} / {f(m['fork_cpu_ms'], '{:.1f}')} ms, results freed "
+            f"at the export's end {f(m['release_ms'], '{:.1f}')} / {f(m['release_cpu_ms'], '{:.1f}')} ms"
+        )
+        print(
             f"{'':<6} during export ({'/'.join(m['export_in'])}): longest step "
-            f"{f(m['longest_exporting_step_ms'], '{:.1f} ms')} (bound 3 x p50 + 20 = "
-            f"{f(None if m['baseline_step_ms_p50'] is None else 3 * m['baseline_step_ms_p50'] + 20, '{:.1f} ms')}), "
+            f"{f(m['longest_exporting_step_ms'], '{:.1f} ms')}{held(m['longest_exporting_step_ms'], lim)}, "
             f"extra engine time {f(m['export_extra_engine_ms'], '{:.0f} ms')}, steps/s "
-            f"{f(m['export_rate_ratio'], 'x{:.2f}')} of before; profiler stop on the step loop "
-            f"{f(m['stop_gap_ms'], '{:.0f} ms')}"
+            f"{f(m['export_rate_ratio'], 'x{:.2f}')} of before"
         )
         for e in m["failed"]:
+            print(f"   failed: {e}")
+    rss = r.get("rss")
+    if rss:
+        print(
+            f"memory ({rss['source']}): {rss['captures']} sequential {rss['mode']} captures of {rss['steps']} "
+            f"steps; RSS MB {rss['rss_mb']}; after {rss['warmup']} warm-up captures, the next "
+            f"{rss['captures'] - rss['warmup']} grew it {f(rss['growth_mb'], '{:+.1f} MB')} "
+            f"({f(rss['per_capture_mb'], '{:+.2f} MB')} per capture) in {rss['counted_s']} s; "
+            f"{rss['control_s']} s without captures after them: {f(rss['control_mb'], '{:+.1f} MB')}; net of that "
+            f"drift {f(rss['net_per_capture_mb'], '{:+.2f} MB')} per capture"
+        )
+        for e in rss["failed"]:
             print(f"   failed: {e}")
     b: dict[str, Any] = next(iter(r["modes"].values()), {})
     print(

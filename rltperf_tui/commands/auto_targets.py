@@ -86,12 +86,35 @@ def resolve_targets(args: argparse.Namespace, prog: str) -> list[tuple[str, str]
         if not given:
             print(f"rltperf {prog}: error: name a TARGET or --auto [HOST:]PORT-PORT", file=sys.stderr)
             return 2
-        return given
+        return per_engine(given, prog)
     found = discover(list(args.auto), getattr(args, "token", None), prog, quiet=args.list)
     if isinstance(found, int):
         return found
     if args.list:
-        print_list(found)
+        print_list([AutoTarget(t, what) for t, what in per_engine([(a.target, a.what) for a in found], prog)])
         return 0
     names = {t for t, _ in given}
-    return given + [(a.target, f"found by --auto: {a.what}") for a in found if a.target not in names]
+    return per_engine(
+        given + [(a.target, f"found by --auto: {a.what}") for a in found if a.target not in names], prog
+    )
+
+
+def per_engine(targets: list[tuple[str, str]], prog: str) -> list[tuple[str, str]]:
+    """Each ``vllm+http://`` target of a data-parallel server as one target per engine
+    (``?engine=N``: a column and a replica row each; ``?engine=all`` keeps one summed
+    target), said on stderr."""
+    from engine_adapters.monitor.vllm.engines import engine_targets
+
+    out: list[tuple[str, str]] = []
+    for t, note in targets:
+        each = engine_targets(t)
+        if len(each) > 1:
+            print(f"rltperf {prog}: {t} runs {len(each)} data-parallel engines: one target each "
+                  f"({t}?engine=all for their sum)", file=sys.stderr)  # fmt: skip
+            out += [
+                (e, f"{note + ' · ' if note else ''}engine {e.rsplit('=', 1)[-1]} of {len(each)}")
+                for e in each
+            ]
+        else:
+            out.append((t, note))
+    return out

@@ -18,6 +18,7 @@ Benchmarks print the figures the targets are stated in; compare ratios from one 
   ingest   records decoded and aggregated per second; monitor CPU at 1000 steps/s
   engine   reference engine decode MBU against this machine's copy bandwidth
   capture  keypress-to-first-captured-step, capture slow-down, export cost per mode
+  exporting  steps during a bundle's export vs uncaptured ones (the window's rule)
   loops    vLLM Ouro model: step time with per-loop timing on vs off, interleaved
   peers    monitor CPU and RSS beside vllm-htop's on one vLLM server, side by side in tmux"""
 
@@ -26,6 +27,7 @@ BENCHES: dict[str, str] = {
     "ingest": "rltperf_tui.bench.ingest",
     "engine": "rltperf_tui.bench.engine",
     "capture": "rltperf_tui.bench.capture",
+    "exporting": "rltperf_tui.bench.exporting",
     "loops": "rltperf_tui.bench.loops",
     "peers": "rltperf_tui.bench.peers",
 }

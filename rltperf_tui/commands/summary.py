@@ -96,9 +96,21 @@ def run(args: argparse.Namespace) -> int:
         if from_metrics
         else "(percentiles of pooled samples over the whole recording)",
     ]
+    from engine_adapters.definitions.ranks import identity_text
     from rltperf_tui.analysis.loops import render
 
     lines[-1:-1] = render(out.get("loop_ms"), out.get("exit_hist"), "mean per step")
+    ident, rk = out.get("identity") or {}, out.get("ranks")
+    where = identity_text(ident.get("dp_rank"), ident.get("tp_size"), ident.get("pp_size"), ident.get("host"))
+    if where and (ident.get("dp_rank") is not None or (ident.get("tp_size") or 1) > 1):
+        lines.insert(
+            2,
+            f"ranks       {where}" + (f"  workers {', '.join(ident['ranks'])}" if ident.get("ranks") else ""),
+        )
+    if rk:
+        per = " · ".join(f"{k} {_f(v, '{:.2f}')}" for k, v in rk["rank_compute_ms"].items())
+        lines.insert(3, f"per rank    {per} ms compute/step (busy - wait in all-reduces) over {rk['rank_steps']} steps; "
+                        + (f"slowest {rk['slowest_rank']}: +{rk['rank_skew_ms']:.2f} ms/step" if rk["slowest_rank"] else "slowest n/a"))  # fmt: skip
     m = out.get("metrics")
     if m:
         lines += [

@@ -4,28 +4,31 @@ Records the unprofiled stream of every target (rotating files, bounded disk), ch
 the trigger rules (``rltperf_tui.live.triggers``) as records arrive, asks the engine for a
 capture when one fires (cooldown, maximum, the engine's snapshot budget respected),
 and at the end (``--duration``, Ctrl-C, or every engine's goodbye) writes
-``OUT/index.html``: each target's summary, every trigger event with its figures and
-bundle, and the step-time chart with the events marked.
+``OUT/index.html`` (``watch_report``): each target's figures over the whole run
+(``rltperf_tui.live.whole_run``: exact sums, sketched percentiles, persisted beside the
+files), which raw steps are still on disk, every trigger event with its figures and
+bundle, and the whole run's step-time chart with the events marked.
 """
 
 from __future__ import annotations
 
 import argparse
-import html
 import json
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_adapters.definitions.records import Record
+from engine_adapters.definitions.records import Record, StepRecord
 from engine_adapters.monitor.base import AdapterError
 from engine_adapters.monitor.recording import RecordingError, RecordingWriter
 from rltperf_tui.commands.common import Progress, add_target_options, open_session, target_options
+from rltperf_tui.commands.watch_report import safe_name as _safe
+from rltperf_tui.commands.watch_report import write_report
 from rltperf_tui.live.driver import Ingested, LiveTarget, TargetSpec, capture_targets, new_stats
 from rltperf_tui.live.triggers import GRAMMAR, RuleError, TriggerSet
+from rltperf_tui.live.whole_run import WholeRun
 
 HELP = "headless flight recorder: record every target, capture when a trigger rule fires, write a report"
 EXIT_WITHOUT_TEARDOWN = True
@@ -33,7 +36,9 @@ EXIT_WITHOUT_TEARDOWN = True
 DESCRIPTION = f"""\
 Run without a screen (load tests, CI): record each target's unprofiled stream into
 OUT (rotating .rltrec files, at most --max-recording-mb per target: the oldest file is
-removed when a new one would pass it, and the report says so), check the trigger
+removed when a new one would pass it, and the report says so; the figures cover the
+whole run all the same: exact sums and sketched percentiles kept beside the files and
+saved every 10 s in OUT/TARGET.run.json), check the trigger
 rules, capture N steps when one fires, and at the end write OUT/index.html (each
 target's summary, every trigger event with the value that fired it and its bundle,
 and the step-time chart with the events marked).  Ends after --duration seconds, on
@@ -88,13 +93,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_target_options(p)
 
 
+RING_STEPS = 65536
+"""Steps the live model keeps (the window rules' figures): at 150 steps/s, 7 minutes.
+The report's figures are the whole run's (``WholeRun``), whatever it keeps."""
+PART_MIN_BYTES = 4 << 10
+"""The smallest recording file: a budget under four of them keeps fewer, larger files."""
+SAVE_EVERY_S = 10.0
+"""How often each target's whole-run figures are persisted (``OUT/<target>.run.json``):
+a crash loses at most this much of them."""
+
 MAX_EVENTS = 2000
 """Events kept per target for the report (every capture is kept; the oldest fires that
 were not captured go first, counted)."""
-
-
-def _safe(target: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", target.split("://", 1)[-1]).strip("_") or "target"
 
 
 @dataclass
@@ -110,6 +120,8 @@ class _Rotating:
     removed: list[str] = field(default_factory=list)
     writer: RecordingWriter | None = None
     sizes: dict[str, int] = field(default_factory=dict)
+    steps: dict[str, list[int]] = field(default_factory=dict)
+    """Per file kept: [first step id, last step id, first step start, last step end, steps]."""
     _records: int = 0
 
     @property
@@ -124,7 +136,24 @@ class _Rotating:
             self._next()
         assert self.writer is not None
         self.writer.write(recs)
-        self.sizes[self.writer.path] = self.writer.bytes
+        path = self.writer.path
+        self.sizes[path] = self.writer.bytes
+        for r in recs:
+            if isinstance(r, StepRecord):
+                st = self.steps.get(path)
+                if st is None:
+                    self.steps[path] = [r.step_id, r.step_id, r.start_ns, r.end_ns, 1]
+                else:
+                    st[1], st[3], st[4] = r.step_id, r.end_ns, st[4] + 1
+
+    def on_disk(self) -> dict[str, Any] | None:
+        """The raw steps still on disk: step ids, probe times and count over the kept
+        files (None: no step written)."""
+        kept = [self.steps[f] for f in self.files if f in self.steps]
+        if not kept:
+            return None
+        return {"files": len(self.files), "rotated_out": len(self.removed), "step_ids": [kept[0][0], kept[-1][1]],
+                "span_ns": [kept[0][2], kept[-1][3]], "steps": sum(k[4] for k in kept)}  # fmt: skip
 
     def _next(self) -> None:
         if self.writer is not None:
@@ -139,6 +168,7 @@ class _Rotating:
             old = self.files.pop(0)
             os.remove(old)
             self.sizes.pop(old, None)
+            self.steps.pop(old, None)
             self.removed.append(old)
 
     def flush(self) -> None:
@@ -157,13 +187,30 @@ class _Watched(LiveTarget):
     events of its trigger rules."""
 
     def __init__(self, spec: TargetSpec, triggers: TriggerSet, rec: _Rotating) -> None:
-        super().__init__(spec, new_stats(65536), triggers)
+        super().__init__(spec, new_stats(RING_STEPS), triggers)
         self.rec = rec
         self.start_recording(rec)
+        self.run = WholeRun()
+        """The whole run's figures (the ring and the files keep only its end)."""
+        self.run_path = os.path.join(rec.folder, f"{rec.stem}.run.json")
         self.events: list[dict[str, Any]] = []
         self.dropped_events = 0
         """Fires not captured beyond ``MAX_EVENTS`` (counted, not kept: hours of a rule that
         keeps firing must not grow memory)."""
+
+    def ingest(self, recs: list[Record], *, final: bool = False, check: bool = True) -> Ingested:
+        """``LiveTarget.ingest``, and the batch into the whole run's figures."""
+        out = super().ingest(recs, final=final, check=check)
+        if recs:
+            self.run.add(recs, self.stats.clock)
+        return out
+
+    def save_run(self) -> None:
+        """Persist the whole run's figures (written aside, then renamed: never half a file)."""
+        tmp = self.run_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"target": self.target, **self.run.to_json()}, f)
+        os.replace(tmp, self.run_path)
 
     def keep_event(self, event: dict[str, Any]) -> None:
         """Keep an event; of those not captured only the newest ``MAX_EVENTS``."""
@@ -204,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
         for t in args.targets:
             adapter, session = open_session(t, **target_options(args, reconnect=False))
             rules = TriggerSet.parse(args.trigger, cooldown_s=args.cooldown, max_captures=args.max_captures)
-            rec = _Rotating(out, _safe(t), t, budget, max(1 << 20, budget // 4))
+            rec = _Rotating(out, _safe(t), t, budget, max(PART_MIN_BYTES, budget // 4))
             watched.append(_Watched(TargetSpec(t, session=session, adapter=adapter), rules, rec))
     except (AdapterError, RecordingError) as exc:
         for w in watched:
@@ -218,6 +265,7 @@ def run(args: argparse.Namespace) -> int:
     limit = args.duration if args.duration is not None else float("inf")
     next_window = t0 + 0.5
     next_show = t0 + 1.0
+    next_save = t0 + SAVE_EVERY_S
     interrupted = False
     try:
         while time.monotonic() - t0 < limit and not all(w.ended for w in watched):
@@ -231,6 +279,10 @@ def run(args: argparse.Namespace) -> int:
                 for w in watched:
                     if not w.ended and w.stats.steps.n:
                         _act(w, Ingested(fires=w.check_window(w.stats.window(args.window))), watched, args)
+            if now >= next_save:
+                next_save = now + SAVE_EVERY_S
+                for w in watched:
+                    w.save_run()
             if now >= next_show:
                 next_show = now + 1.0
                 fired = sum(len(w.triggers.fires) for w in watched if w.triggers is not None)
@@ -252,6 +304,7 @@ def run(args: argparse.Namespace) -> int:
             w.stop_recording()
             if w.session is not None:
                 w.session.close()
+            w.save_run()
         prog.done()
     report = write_report(out, watched, args, time.monotonic() - t0, interrupted)
     print(report)
@@ -279,117 +332,3 @@ def _act(w: _Watched, got: Ingested, watched: list[_Watched], args: argparse.Nam
                 x.request_capture(args.steps, args.mode, f)
             except AdapterError as exc:
                 x.keep_event({**f.as_dict(), "result": "failed", "reason": str(exc)})
-
-
-def write_report(
-    out: str, watched: list[_Watched], args: argparse.Namespace, elapsed: float, interrupted: bool
-) -> str:
-    """Write OUT/index.html (and events.json, steps.png); return the index path."""
-    from rltperf_tui.analysis.summary import summarize
-
-    sections = []
-    all_events = []
-    for w in watched:
-        summ = summarize(w.stats)
-        events = sorted(w.events, key=lambda e: e["ts_ns"])
-        all_events.append({"target": w.target, "summary": summ, "events": events,
-                           "recordings": w.rec.files, "rotated_out": w.rec.removed})  # fmt: skip
-        png = os.path.join(out, f"steps-{_safe(w.target)}.png")
-        chart = _chart(w, events, png)
-        rows = "".join(
-            "<tr><td>{t:.1f} s</td><td>{rule}</td><td>{v:.4g}</td><td>{step}</td><td>{res}</td><td>{detail}</td></tr>".format(
-                t=(e["ts_ns"] - (w.stats.first_ns or e["ts_ns"])) / 1e9,
-                rule=html.escape(e["rule"]),
-                v=e["value"],
-                step=e["step_id"] if e["step_id"] is not None else "window",
-                res=html.escape(e["result"]),
-                detail=html.escape(str(e.get("bundle") or e.get("reason") or "")),
-            )
-            for e in events
-        )
-        fig = summ
-        sections.append(
-            f"<h2>{html.escape(w.target)}</h2>"
-            f"<p>{html.escape(w.triggers.status() if w.triggers else '')}"
-            f"{' · ended: ' + html.escape(w.end_reason) if w.ended else ''}</p>"
-            f"<table><tr><th>steps</th><th>wall s</th><th>step P50/P99 ms</th><th>idle</th><th>MBU</th><th>tokens/s</th></tr>"
-            f"<tr><td>{fig['steps']}</td><td>{fig['wall_s']:.1f}</td>"
-            f"<td>{_n(fig['step_ms']['p50'])} / {_n(fig['step_ms']['p99'])}</td>"
-            f"<td>{_p(fig['idle_fraction'])}</td><td>{_p(fig['mbu'])}</td><td>{_n(fig['tokens_per_s'])}</td></tr></table>"
-            + (
-                f'<p><img src="{os.path.basename(chart)}" alt="step time with trigger events"></p>'
-                if chart
-                else ""
-            )
-            + "<h3>Trigger events</h3>"
-            + (
-                f"<p>{w.dropped_events} older fires that were not captured are counted, not listed.</p>"
-                if w.dropped_events
-                else ""
-            )
-            + (
-                f"<table><tr><th>at</th><th>rule</th><th>value</th><th>step</th><th>result</th><th>bundle / reason</th></tr>{rows}</table>"
-                if events
-                else "<p>No rule fired.</p>"
-            )
-            + "<p>Recordings: "
-            + ", ".join(html.escape(os.path.basename(f)) for f in w.rec.files)
-            + (
-                f" ({len(w.rec.removed)} older files rotated out to stay within the budget)"
-                if w.rec.removed
-                else ""
-            )
-            + "</p>"
-        )
-    with open(os.path.join(out, "events.json"), "w") as f:
-        json.dump(all_events, f, indent=1, default=str)
-    page = (
-        "<!doctype html><meta charset=utf-8><title>rltperf watch</title>"
-        "<style>body{font-family:sans-serif;max-width:70em;margin:auto}td,th{padding:2px 8px;text-align:left}"
-        "table{border-collapse:collapse}tr:nth-child(even){background:#f2f2f2}</style>"
-        f"<h1>rltperf watch</h1><p>{elapsed:.0f} s{' (interrupted)' if interrupted else ''}; "
-        f"triggers {html.escape(', '.join(args.trigger))}; captures of {args.steps} steps ({args.mode}), "
-        f"cooldown {args.cooldown:g} s, at most {args.max_captures}. Figures over each target's whole recording "
-        "(wall time; profiled steps left out); percentiles of pooled samples.</p>" + "".join(sections)
-    )
-    path = os.path.join(out, "index.html")
-    with open(path, "w") as f:
-        f.write(page)
-    return path
-
-
-def _n(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.4g}"
-
-
-def _p(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.1%}"
-
-
-def _chart(w: _Watched, events: list[dict[str, Any]], path: str) -> str | None:
-    """Step time over the run with the trigger events marked; None without steps or
-    matplotlib (the report says the rest)."""
-    st = w.stats
-    if not st.steps.n:
-        return None
-    try:
-        from rltperf_tui.analysis.plots import _plt, _save
-
-        plt = _plt()
-    except Exception:
-        return None
-    start = st.steps.last("start")
-    end = st.steps.last("end")
-    t0 = st.first_ns or int(start[0])
-    x = (end - t0) / 1e9
-    y = (end - start) / 1e6
-    fig, ax = plt.subplots(figsize=(10, 3.2))
-    ax.plot(x, y, ".", ms=2, color="#4C72B0", label="step time (ms)")
-    for e in events:
-        c = "#C44E52" if e["result"] == "saved" else "#999999"
-        ax.axvline((e["ts_ns"] - t0) / 1e9, color=c, lw=1, alpha=0.8)
-    ax.set_xlabel("seconds since the first record (red: triggered capture, grey: fire not captured)")
-    ax.set_ylabel("ms (log)")
-    ax.set_yscale("log")
-    ax.set_title(f"{w.target}: step time (unprofiled and profiled steps), trigger events marked")
-    return str(_save(fig, path))

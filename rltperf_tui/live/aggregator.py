@@ -29,12 +29,13 @@ through to the part that keeps them, so callers see one object.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
-from engine_adapters.definitions.figures import PERCENTILES, pct
+from engine_adapters.definitions.figures import EXCLUDED_FLAGS, PERCENTILES, HeldFigures, pct
+from engine_adapters.definitions.ranks import RankFigures, rank_figures
 from engine_adapters.definitions.records import (
     Ceiling,
     DeviceSample,
@@ -149,6 +150,10 @@ class TargetStats:
         """Counters, latencies and peaks of the metrics scrapes since attach."""
         self._trend_columns: ColumnCache = {}
         """Trend columns computed at the last ``server_trends`` (reused at the next)."""
+        self.rank_steps: deque[StepRecord] = deque(maxlen=None if self.grow else self.capacity)
+        """Steps that carry per-rank figures (a multi-rank engine), for ``rank_window``."""
+        self._held: dict[tuple[float | None, float | None, float | None], HeldFigures[Window]] = {}
+        """Per live window asked for: the figures shown across its blind stretches."""
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -199,6 +204,7 @@ class TargetStats:
 
     def _add_steps(self, steps: list[StepRecord]) -> None:
         self.windows.add_steps(steps)
+        self.rank_steps.extend(s for s in steps if s.rank_busy_ns is not None)
 
     def _add_requests(self, reqs: list[RequestRecord]) -> None:
         self.windows.add_requests(reqs)
@@ -227,18 +233,68 @@ class TargetStats:
         return self.clock.quiet_s
 
     def window(
-        self, seconds: float | None = 10.0, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
+        self,
+        seconds: float | None = 10.0,
+        slo_ttft_ms: float | None = None,
+        slo_tpot_ms: float | None = None,
+        *,
+        hold: bool | None = None,
     ) -> Window:
         """Statistics over the window of the last ``seconds`` of data time (None: the whole
-        stream), against this target's ceiling and stage names (``StepWindows.window``)."""
+        stream), against this target's ceiling and stage names (``StepWindows.window``).
+
+        A live window (``hold``; default: when ``seconds`` is given) that is blind (a
+        capture's export owns most of it: ``figures.blind``) gives the figures of the
+        newest such window that was not, with ``stale_s`` set (``figures.HeldFigures``)."""
         info = self.info
-        return self.windows.window(
+        w = self.windows.window(
             seconds,
             slo_ttft_ms,
             slo_tpot_ms,
             ceiling=self.ceiling,
             stage_names=self.stage_names,
             max_loops=info.max_loops if info else None,
+        )
+        if not (seconds is not None if hold is None else hold):
+            return w
+        key = (seconds, slo_ttft_ms, slo_tpot_ms)
+        held = self._held.get(key)
+        if held is None:
+            held = self._held[key] = HeldFigures()
+        shown, age = held.show(w, w.blind, self.clock.window_bounds(seconds)[1])
+        if age is None:
+            return w
+        return replace(
+            shown,
+            stale_s=age,
+            blind=True,
+            profiled_steps=w.profiled_steps,
+            exporting_steps=w.exporting_steps,
+            warmup_steps=w.warmup_steps,
+            requests_excluded=w.requests_excluded,
+            quiet_s=w.quiet_s,
+        )
+
+    def rank_window(self, seconds: float | None = 10.0) -> RankFigures | None:
+        """Per-rank figures (busy, wait, compute per step; the slowest rank and the skew)
+        over the window's steps, profiled/exporting/warm-up ones left out
+        (``engine_adapters.definitions.ranks``); None for a single-rank engine."""
+        if not self.rank_steps:
+            return None
+        w0, w1 = self.window_bounds(seconds)
+        sel = [s for s in self.rank_steps if w0 < s.end_ns <= w1 and not s.flags & EXCLUDED_FLAGS]
+        n = len(self.rank_steps[-1].rank_busy_ns or [])
+        info = self.info
+        names = (
+            list(info.ranks)
+            if info is not None and info.ranks and len(info.ranks) == n
+            else [f"rank{k}" for k in range(n)]
+        )
+        return rank_figures(
+            names,
+            [s.rank_busy_ns or [] for s in sel],
+            [s.rank_wait_ns for s in sel],
+            [s.rank_loop_ns for s in sel],
         )
 
     def timeline(self, seconds: float = 30.0, buckets: int = 60) -> dict[str, Any]:

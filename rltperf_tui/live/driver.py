@@ -327,9 +327,13 @@ class LiveTarget:
 
     def check_window(self, window: Any) -> list[Fire]:
         """The window rules over ``window`` (the ``Window`` of ``stats`` just computed),
-        for a live target that has steps and has not ended."""
+        for a live target that has steps and has not ended; a stale window (the figures
+        held over a blind one, ``Window.stale_s``) fires nothing: they were checked when
+        they were current."""
         trig = self.triggers
         if trig is None or not self.live or self.ended or not self.stats.steps.n:
+            return []
+        if getattr(window, "stale_s", None) is not None:
             return []
         if all(r.per_step for r in trig.rules):
             return []

@@ -259,6 +259,7 @@ class StepWindows:
             requests_excluded=req.excluded,
             quiet_s=clock.quiet_s,
             in_step_idle=in_step_idle,
+            blind=F.blind(fig),
         )
 
     def _request_figures(

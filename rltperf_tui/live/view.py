@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_adapters.definitions.ranks import RankFigures
 from engine_adapters.definitions.records import Ceiling, DeviceSample, EngineInfo, Hello, StepRecord
 from engine_adapters.definitions.server_history import LIFETIME_LATENCIES, ServerLifetime, ServerTrends
 from engine_adapters.definitions.server_window import MetricsWindow, ReplicaTotals, replica_totals
@@ -160,6 +161,8 @@ class StatsView:
     """The metrics-endpoint trend lines over the timeline."""
     lifetime: LifetimeView = field(default_factory=LifetimeView)
     """The metrics endpoint since attach."""
+    ranks: RankFigures | None = None
+    """Per-rank figures over the window (the slowest rank, the skew); None: one rank."""
 
 
 def stats_view(
@@ -211,6 +214,7 @@ def stats_view(
         timeline=timeline,
         idle_gap_threshold_ms=thr,
         idle_gaps=tuple(st.idle_gaps(window_s, threshold_ms=thr, limit=size.idle_gap_rows)),
+        ranks=st.rank_window(window_s),
     )
 
 

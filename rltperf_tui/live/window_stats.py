@@ -62,6 +62,14 @@ class Window:
     """Data time since the newest step ended (0 while steps come)."""
     in_step_idle: float | None = None
     """1 − Σ busy / Σ step time over the window's steps (the verdict's input)."""
+    blind: bool = False
+    """Excluded steps own more than half of this window (``figures.blind``: a capture's
+    export longer than the window): its own figures stand on too little."""
+    stale_s: float | None = None
+    """Set on a live window that was blind (``TargetStats.window``): the figures are those
+    of the newest window that was not, this many seconds of data time older; the step
+    counts left out (profiled, exporting, warm-up, requests) and ``quiet_s`` are this
+    window's.  None: the figures are this window's own."""
 
     def as_summary(self) -> dict[str, Any]:
         """The ``rltperf summary --json`` shape."""
@@ -78,6 +86,7 @@ class Window:
             "ttft_ms": self.ttft_ms,
             "tpot_ms": self.tpot_ms,
             "requests": {"ok": self.requests_ok, "failed": self.requests_failed},
+            "stale_s": None if self.stale_s is None else round(self.stale_s, 3),
         }
 
 

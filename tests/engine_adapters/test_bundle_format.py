@@ -92,6 +92,10 @@ def test_the_vllm_writer_builds_the_same_keys_as_before(tmp_path):
     new = json.loads((Path(seal_bundle(str(tmp), str(tmp_path / "b"), meta)) / "meta.json").read_text())
     old = json.loads(OLD["vllm"].read_text())
     assert _keys(new) == _keys(old)
+    # EngineInfo fields appended since the fixture (identity of a rank, issue 19): last, unset here
+    appended = ["dp_rank", "tp_size", "pp_size", "ranks"]
+    assert list(new["engine"])[-len(appended) :] == appended
+    assert [new["engine"].pop(k) for k in appended] == [None] * len(appended)
     for d in (new, old):
         d.pop("created_utc")
         d.pop("rltperf_version")
@@ -138,7 +142,18 @@ def test_the_probe_writes_the_same_keys_as_before_and_refuses_as_the_definition_
     done = replies[cid]
     assert isinstance(done, CaptureDone), done
     new = json.loads((Path(done.bundle) / "meta.json").read_text())
-    assert _keys(new) == _keys(json.loads(OLD["probe"].read_text()))
+    old = _keys(json.loads(OLD["probe"].read_text()))
+    # the one key added since v1 (issue 20): what the capture cost the engine, after export_in
+    assert isinstance(old, list)
+    for k, capture_keys in old:
+        if k == "capture":
+            capture_keys.insert(capture_keys.index("export_in") + 1, "engine_cost")
+    assert _keys(new) == old
+    assert set(new["capture"]["engine_cost"]) == {
+        f"{name}{unit}"
+        for name in ("profiler_start", "profiler_stop", "fork", "release")
+        for unit in ("_ms", "_cpu_ms")
+    }
     assert new["trigger"] is None and new["capture"]["complete"] is True
     assert Path(done.bundle).name.startswith(bundle_name("fmt", "ops", 3, "")[:9])  # UTC date first
 

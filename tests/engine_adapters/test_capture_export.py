@@ -77,8 +77,10 @@ def test_steps_during_a_full_export_are_not_frozen(tmp_path):
     finally:
         eng.stop()
     print(f)
-    # Loose bounds for a loaded 2-core box (load 10 while measured): the forked export
-    # measured steps of 0.1-0.33 s at most and 0.64-1.4 of the rate; the in-thread export
-    # (the old code, or RLTPERF_EXPORT_FORK=0) 0.5-2.8 s and 0.06-0.46.
-    assert f["longest_s"] < 0.5, f
+    # A ratio within this run (steps/s during the export over steps/s just before), so a
+    # loaded machine slows both sides alike: the forked export measured 0.64-1.4 on a
+    # loaded 2-core box; the in-thread export (the old code, or RLTPERF_EXPORT_FORK=0)
+    # 0.06-0.46.  The longest exporting step against 3 x p50 + 20 ms is a figure of
+    # ``rltperf bench capture``, not a timed test (issue 24 §6).
+    assert f["export_in"] == "child", f
     assert f["rate_ratio"] > 0.5, f

@@ -7,6 +7,7 @@ socket client (``ProbeAdapter``).
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import threading
@@ -115,9 +116,24 @@ def _until(s: ProbeSession, cid: str, types: tuple[type, ...], timeout: float) -
     return seen
 
 
+def _profiler_results_alive() -> int:
+    """Profiler results (``torch.autograd.profiler.profile`` holding a Kineto result)
+    still in this process, garbage in reference cycles included."""
+    from torch.autograd.profiler import profile as autograd_profile
+
+    return sum(
+        1 for o in gc.get_objects() if isinstance(o, autograd_profile) and o.kineto_results is not None
+    )
+
+
 def test_window_of_an_engine_that_goes_quiet_ends_partial_and_the_next_capture_runs(tmp_path):
     """Issue 10 B: 3 of 8 steps, then no steps.  Before the fix the job stayed
-    "capturing" forever and every later request was refused "already running"."""
+    "capturing" forever and every later request was refused "already running".
+    Issue 20 §2: neither the stalled window's profiler (stopped by the engine's next
+    step) nor the next capture's is left holding its results."""
+    gc_was = gc.isenabled()
+    gc.disable()  # only release_results may free them: no collection by chance
+    alive_before = _profiler_results_alive()
     paced = PacedEngine(tmp_path / "snaps", pace_s=0.15)
     s = _connect(paced.target)
     try:
@@ -165,9 +181,12 @@ def test_window_of_an_engine_that_goes_quiet_ends_partial_and_the_next_capture_r
         ]
         assert len(spans) == 4
         assert json.loads((Path(done2.bundle) / "meta.json").read_text())["capture"]["complete"] is True
+        assert _profiler_results_alive() <= alive_before
     finally:
         s.close()
         paced.stop()
+        if gc_was:
+            gc.enable()
     assert paced.error is None, paced.error
 
 

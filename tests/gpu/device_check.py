@@ -17,6 +17,11 @@ failure is recorded and the rest still run):
   capture      a Probe around a small GPU loop with CUDA-event busy time, a 3-step
                capture through a real socket: bundle, kernel events in the trace,
                device samples of kind cuda on the wire
+  loop_recorder the vLLM Ouro model's loop recorder (CUDA events, scatter_add_ exit
+               histogram, pinned copies) over 20 forwards under
+               torch.cuda.set_sync_debug_mode("error"): it must never synchronise (a
+               sync raises, the recorder's guard turns it off: "dead"), and its records
+               must hold the exits counted on the host
 
 Run on the device machine (the H200 image has torch, numpy, psutil and nvidia-ml-py,
 but not msgspec: carry its wheel).  Here, once:
@@ -375,6 +380,60 @@ def check_capture(device: str, snapshots: str) -> dict[str, Any]:
     return res
 
 
+def check_loop_recorder(device: str) -> dict[str, Any]:
+    import torch
+
+    from engine_adapters.probe.vllm.ouro import loopring
+    from engine_adapters.probe.vllm.ouro.recorder import LoopRecorder
+
+    cuda = device.startswith("cuda")
+    dev = torch.device(device)
+    passes, n = 4, 64
+    path = os.path.join(tempfile.mkdtemp(prefix="rltperf-ring-"), "loops.ring")
+    writer = loopring.RingWriter(path)
+    reader = loopring.RingReader(path)
+    reader.open()
+    rec = LoopRecorder(writer, passes, dev, rank="device-check")
+    g = torch.Generator().manual_seed(0)
+    depth_h = torch.randint(1, passes + 1, (n,), generator=g)
+    qsl_h = torch.tensor([0, 10, 30, n], dtype=torch.int32)
+    want = torch.bincount(depth_h[qsl_h[1:].long() - 1], minlength=passes + 1)[1:].tolist()
+    depth, qsl = depth_h.to(dev), qsl_h.to(dev)
+    x = torch.randn(n, 1024, device=dev)
+    w = torch.randn(1024, 1024, device=dev) / 32
+    forwards = 20
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    t0 = time.perf_counter()
+    try:
+        for _ in range(forwards):
+            rec.begin(n)
+            for t in range(passes):
+                x = torch.tanh(x @ w)
+                rec.mark(t)
+            rec.end(depth, qsl)
+    finally:
+        if cuda:
+            torch.cuda.set_sync_debug_mode("default")
+    host_s = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.synchronize()
+        rec._resolve()  # outside the debug mode: every event has completed now
+    recs = reader.read_new()
+    ok = (not rec.dead and len(recs) == forwards and all(r.exit_hist == want for r in recs)
+          and all(len(r.loop_ns) == passes and min(r.loop_ns) > 0 for r in recs))  # fmt: skip
+    return {
+        "ok": ok,
+        "dead": rec.dead,
+        "records": len(recs),
+        "exit_hist": recs[0].exit_hist if recs else None,
+        "want": want,
+        "loop_ms_first": [round(v / 1e6, 4) for v in recs[0].loop_ns] if recs else None,
+        "host_ms_per_forward": round(host_s / forwards * 1e3, 3),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -422,6 +481,7 @@ def main() -> int:
     _section(out, "ceiling", lambda: check_ceiling(device))
     snaps = tempfile.mkdtemp(prefix="rltperf-snap-")
     _section(out, "capture", lambda: check_capture(device, snaps))
+    _section(out, "loop_recorder", lambda: check_loop_recorder(device))
     out["ok"] = all(v.get("ok", True) for v in out.values() if isinstance(v, dict))
     out["total_s"] = round(time.monotonic() - T0, 1)
     text = json.dumps(out, indent=1, default=str)

@@ -4,6 +4,7 @@ and a real engine's hello carrying the calibration (then MBU is computed against
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -60,6 +61,11 @@ def _plain_copy_times(method: str, nbytes: int, reps: int) -> list[float]:
     return [float(v) for v in json.loads(r.stdout)]
 
 
+def _convention_error(ratio: float) -> float:
+    """How far ``ratio`` is from 1 in factors of two (0.5: halfway to a 2x convention slip)."""
+    return abs(math.log2(ratio))
+
+
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *args], capture_output=True, text=True,
                           env=env, cwd=str(ROOT), timeout=180)  # fmt: skip
@@ -93,7 +99,7 @@ def calibrated(
         steady = max(a, b) / min(a, b) < 1.25
         print(f"plain copy {2 * nbytes / b / 1e9:.1f} GB/s before, {2 * nbytes / a / 1e9:.1f} after; "
               f"calibrate {res['copy_gbps']:.1f}")  # fmt: skip
-        if steady and 0.75 <= res["copy_gbps"] / plain <= 1.25:
+        if steady and _convention_error(res["copy_gbps"] / plain) < 0.25:
             break
     yield res, plain, env
 
@@ -107,11 +113,13 @@ def test_calibrate_json_keys_and_stream_convention(
     assert res["dtype"] == "float32" and set(res["matmul_gflops_by_dtype"]) == {"float32", "bfloat16"}
     assert res["repetitions"] == 6 and res["copy_bytes"] == 512 * MIB
     assert res["copy_gbps"] == max(res["copy_methods"].values())
-    # the headline is within +-25 % of a plain copy of the same kind timed in this run
-    # (counting read + written: a bytes-once count would be half, far outside)
+    # the headline counts a copy of S bytes as 2·S moved, as the plain copy timed in this
+    # run does: their ratio is nearer 1 than the 0.5 or 2 a bytes-once count (or a double
+    # count) would give.  (±25 % failed under load: the machine's bandwidth swings by 2x
+    # within seconds, and the two copies are timed seconds apart in separate processes.)
     ratio = res["copy_gbps"] / plain
     print(f"calibrate copy {res['copy_gbps']:.1f} GB/s vs plain copy {plain:.1f} GB/s: ratio {ratio:.3f}")
-    assert 0.75 <= ratio <= 1.25, (res["copy_gbps"], plain)
+    assert _convention_error(ratio) < 0.5, (res["copy_gbps"], plain)
     assert res["matmul_gflops"] > 0
 
 

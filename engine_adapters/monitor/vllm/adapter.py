@@ -11,6 +11,9 @@ the rltperf vLLM plugin (``RLTPERF_PROBE``), attached with ``tcp://``.
 
 Captures go through vLLM's own profiler (``capture.py``).
 
+``vllm+http://HOST:PORT?engine=N`` watches one engine of a data-parallel server (its
+``engine``-labelled series only; ``engines.py``): one replica each, as separate servers.
+
 Options: ``interval`` (s, default 1), ``profiler_dir`` (the server's
 ``torch_profiler_dir`` as seen from this host), ``snapshot_root`` (default
 ``snapshots``), ``loop_count`` (a looped model's passes, to correct vLLM's byte
@@ -45,10 +48,11 @@ from engine_adapters.monitor.base import (
     Reconnecting,
     Session,
 )
-from engine_adapters.monitor.vllm.announced import Announcement, find, merge
+from engine_adapters.monitor.vllm.announced import Announcement, find_all, merge
 from engine_adapters.monitor.vllm.capture import (
     HttpCapture,
 )
+from engine_adapters.monitor.vllm.engines import ALL, split_target
 from engine_adapters.monitor.vllm.http import HttpClient, ServerUnreachable
 from engine_adapters.monitor.vllm.info import build_info, local_ceiling, loop_count_from, read_model_config
 from engine_adapters.monitor.vllm.metrics import (
@@ -83,6 +87,8 @@ class VllmSession(CaptureSide, Session):
         self.target = adapter.target
         self.adapter = adapter
         self.base_url = adapter.base_url
+        self.engine: str | None = adapter.engine
+        """The engine label this session keeps (None: the sum over the server's engines)."""
         self.http = HttpClient(adapter.base_url, timeout=adapter.timeout)
         self.interval = adapter.interval
         self.profiler_dir: str | None = adapter.profiler_dir
@@ -152,9 +158,14 @@ class VllmSession(CaptureSide, Session):
                 f"{self.base_url}/metrics answered HTTP {status}: is this a vLLM server (and the right port)?"
             )
         try:
-            scrape = parse_scrape(body.decode("utf-8", "replace"), _clk())
+            scrape = parse_scrape(body.decode("utf-8", "replace"), _clk(), self.engine)
         except ScrapeError as exc:
             raise ServerUnreachable(f"{self.base_url}/metrics: {exc}") from None
+        if self.engine is not None and self.engine not in scrape.engines:
+            raise ServerUnreachable(
+                f"{self.base_url}/metrics has no series labelled engine={self.engine!r}: the server's engines "
+                "are those of its --data-parallel-size (engine=0, 1, ...)"
+            )
         if not scrape.has_vllm:
             raise ServerUnreachable(
                 f"{self.base_url}/metrics has no vllm:* metrics: this is not a vLLM server "
@@ -186,6 +197,10 @@ class VllmSession(CaptureSide, Session):
             local,
             loop_source,
         )
+        if self.engine is not None:  # the engine label is vLLM's DP rank of that engine
+            info = msgspec.structs.replace(
+                info, dp_rank=int(self.engine), contract={**info.contract, "engine_label": self.engine}
+            )
         info = self._announced(info)
         self.profiler_available = self._has_profiler_routes()
         caps = ["metrics"]
@@ -207,7 +222,12 @@ class VllmSession(CaptureSide, Session):
     def _announced(self, info: EngineInfo) -> EngineInfo:
         """``info`` completed by the rltperf plugin's announcement of this server, whose
         profiler directory is used unless ``--profiler-dir`` was given (``announced.py``)."""
-        ann, self.announcement_why = find(self.http.host, self.http.port)
+        anns, self.announcement_why = find_all(self.http.host, self.http.port)
+        ann = anns[0] if anns else None
+        if self.engine is not None:  # this engine's own announcement
+            ann = next((a for a in anns if str(a.dp_rank) == self.engine), None)
+            if ann is None and anns:
+                self.announcement_why = f"no announcement of engine {self.engine} among {len(anns)}"
         self.announcement = ann
         if ann is None:
             return info
@@ -217,6 +237,10 @@ class VllmSession(CaptureSide, Session):
         if not self.loop_known and "max_loops" in ann.engine:  # config.json not readable here
             self.loop_count = int(ann.engine["max_loops"] or 1)
             self.loop_known = True
+        if self.engine is None and len(anns) > 1:  # the sum over engines: no one engine's identity
+            info = msgspec.structs.replace(info, contract={
+                **info.contract, "engines": f"{len(anns)} data-parallel engines, summed (?engine=N: one of them)"})  # fmt: skip
+            return merge(info, ann, identity=False)
         return merge(info, ann)
 
     def _refresh_announcement(self) -> None:
@@ -241,6 +265,10 @@ class VllmSession(CaptureSide, Session):
         return "/start_profile" in doc["paths"]
 
     # -- polling thread ------------------------------------------------------------------------
+
+    def post(self, rec: Record) -> None:
+        """Queue a record for ``read()`` (the capture thread reports through this)."""
+        self._post(rec)
 
     def _post(self, rec: Record) -> None:
         try:
@@ -287,7 +315,7 @@ class VllmSession(CaptureSide, Session):
             status, body = self.http.request("GET", "/metrics")
             if status != 200:
                 raise ServerUnreachable(f"{self.base_url}/metrics answered HTTP {status}")
-            cur = parse_scrape(body.decode("utf-8", "replace"), _clk())
+            cur = parse_scrape(body.decode("utf-8", "replace"), _clk(), self.engine)
         except (ServerUnreachable, ScrapeError) as exc:
             self.poll_errors += 1
             if isinstance(exc, ServerUnreachable) and exc.timed_out:
@@ -408,7 +436,12 @@ class VllmAdapter(Adapter, Reconnecting):
 
     def __init__(self, target: str, **options: Any) -> None:
         super().__init__(target, **options)
-        scheme, sep, rest = target.partition("://")
+        try:
+            plain, engine = split_target(target)
+        except ValueError as exc:
+            raise AdapterTargetError(f"bad target {target!r}: {exc}") from None
+        self.engine: str | None = None if engine == ALL else engine
+        scheme, sep, rest = plain.partition("://")
         if not sep or scheme not in ("vllm+http", "vllm+https") or not rest.strip("/"):
             raise AdapterTargetError(f"bad target {target!r}: expected vllm+http://HOST:PORT")
         self.base_url = f"{scheme[len('vllm+') :]}://{rest.rstrip('/')}"

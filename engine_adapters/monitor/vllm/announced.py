@@ -1,7 +1,7 @@
 """The monitor's side of the plugin's announcement (written by ``engine_adapters.probe.vllm.announce``).
 
 ``find(host, port)`` returns the announcement of the vLLM server listening on
-``host:port`` on this host: both of its processes alive (pid and start time), the API
+``host:port`` on this host (``find_all``: every engine's, one per data-parallel rank): both of its processes alive (pid and start time), the API
 server listening on that port at an address ``host`` reaches.  A file left by a
 killed server, a server on another port, or a target on another host gives None and
 a sentence why.  ``merge`` fills an ``EngineInfo`` learnt over HTTP with what the
@@ -60,6 +60,26 @@ class Announcement:
     def engine(self) -> dict[str, Any]:
         e = self.data.get("engine")
         return e if isinstance(e, dict) else {}
+
+    @property
+    def dp_rank(self) -> int:
+        """The data-parallel rank of the engine that wrote it (0 when not said)."""
+        v = self.data.get("dp_rank")
+        return v if isinstance(v, int) else 0
+
+    @property
+    def probe(self) -> str | None:
+        """``HOST:PORT`` of this engine's rltperf probe (``RLTPERF_PROBE``), or None."""
+        p = self.data.get("probe")
+        return str(p) if p else None
+
+    def identity(self) -> dict[str, Any]:
+        """``EngineInfo`` identity fields this engine announced (DP rank, TP/PP size, ranks, host)."""
+        out: dict[str, Any] = {}
+        for k in ("dp_rank", "tp_size", "pp_size", "ranks"):
+            if self.data.get(k) is not None:
+                out[k] = self.data[k]
+        return out
 
     def source(self) -> str:
         return f"announced by the rltperf plugin in vLLM (API server pid {self.api_pid}, {self.path})"
@@ -126,14 +146,22 @@ def _reaches(listen_addr: str, ips: set[str]) -> bool:
 
 
 def find(host: str, port: int) -> tuple[Announcement | None, str]:
-    """The live announcement of the server at ``host:port`` on this host, and why none."""
+    """The live announcement of the server at ``host:port`` on this host (its DP rank 0
+    engine's when it has several), and why none."""
+    anns, why = find_all(host, port)
+    return (anns[0] if anns else None), why
+
+
+def find_all(host: str, port: int) -> tuple[list[Announcement], str]:
+    """Every live engine's announcement of the server at ``host:port`` on this host, by
+    DP rank (one per data-parallel engine), and why none."""
     dirs = [d for d in runtime_dirs() if private_dir(d)]
     if not dirs:
-        return None, f"no rltperf runtime directory on this host ({' or '.join(runtime_dirs()) or 'none'})"
+        return [], f"no rltperf runtime directory on this host ({' or '.join(runtime_dirs()) or 'none'})"
     ips = _ips(host)
     local = {ip for ip in ips if _local(ip)}
     if not local:
-        return None, f"{host} is not this host: announcements are only seen on the server's own host"
+        return [], f"{host} is not this host: announcements are only seen on the server's own host"
     found: list[tuple[float, Announcement]] = []
     stale = 0
     for d in dirs:
@@ -160,16 +188,20 @@ def find(host: str, port: int) -> tuple[Announcement | None, str]:
             with contextlib.suppress(OSError):
                 found.append((os.path.getmtime(path), Announcement(path, data)))
     if found:
-        return max(found, key=lambda t: t[0])[1], ""
+        # the newest server on that port (a restart leaves no live older one), all its engines
+        api = max(found, key=lambda t: t[0])[1].api_pid
+        same = [a for _, a in found if a.api_pid == api]
+        return sorted(same, key=lambda a: (a.dp_rank, a.engine_pid)), ""
     why = f"no live rltperf announcement for port {port} in {' or '.join(dirs)}"
     if stale:
         why += f" ({stale} left by a server that is gone, ignored)"
-    return None, why + f": {ENABLE_HINT}"
+    return [], why + f": {ENABLE_HINT}"
 
 
-def merge(info: EngineInfo, ann: Announcement) -> EngineInfo:
+def merge(info: EngineInfo, ann: Announcement, identity: bool = True) -> EngineInfo:
     """``info`` (from HTTP) with what the engine announced filled in: its dtype, device,
-    quantization, limits and pid, and every contract field HTTP left unknown."""
+    quantization, limits and pid, and every contract field HTTP left unknown; with
+    ``identity``, also its place in the server (DP rank, TP/PP size, workers)."""
     e = ann.engine
     fields: dict[str, Any] = {}
     for k in ("dtype", "quantization", "device", "max_requests", "token_budget", "spec_config",
@@ -178,6 +210,8 @@ def merge(info: EngineInfo, ann: Announcement) -> EngineInfo:
             fields[k] = e[k]
     fields["pid"] = ann.engine_pid
     fields["host"] = ann.data.get("hostname") or info.host
+    if identity:
+        fields.update({k: v for k, v in ann.identity().items() if getattr(info, k) is None})
     contract = dict(info.contract)
     announced = dict(e.get("contract") or {})
     if e.get("dtype"):

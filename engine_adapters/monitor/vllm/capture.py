@@ -13,7 +13,16 @@ Shapes, stacks and memory are fixed by the server's ``--profiler-config`` at sta
 bundle's ``meta.json`` records what the trace shows the server actually did, and the
 ``CaptureDone`` note says when the requested mode could not be honoured.
 
-Everything here runs in the capture's own thread; ``read()`` is never blocked.
+With several ranks (``--tensor-parallel-size``, ``--data-parallel-size``) every worker
+writes its own trace: the bundle keeps each (``trace.json.gz`` the first,
+``trace_<rank>.json.gz`` the others), names each trace's rank, and says in
+``meta.json`` ``capture.ranks`` which ranks it holds and which are missing (expected:
+every worker the plugin's announcements list; a trace's rank: its worker's pid there,
+else vLLM's ``dp<D>_pp<P>_tp<T>`` file name).
+
+The session is reached through ``CaptureHost`` (a protocol of public names), so this
+module does not import the adapter.  Everything here runs in the capture's own thread;
+``read()`` is never blocked.
 """
 
 from __future__ import annotations
@@ -24,9 +33,8 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
 from time import perf_counter_ns as _clk
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine_adapters.definitions.bundle import (
     BundleMeta,
@@ -42,6 +50,7 @@ from engine_adapters.definitions.bundle import (
 )
 from engine_adapters.definitions.bundle import os_error_text as _os_error_text
 from engine_adapters.definitions.contract import CONTRACT_FIELDS, unknown
+from engine_adapters.definitions.ranks import ranks_held
 from engine_adapters.definitions.records import (
     CaptureExporting,
     CaptureFailed,
@@ -49,6 +58,7 @@ from engine_adapters.definitions.records import (
     CaptureStarted,
     EngineInfo,
 )
+from engine_adapters.monitor.vllm.capture_job import CaptureHost, HttpCaptureJob
 from engine_adapters.monitor.vllm.http import ServerUnreachable, error_text
 from engine_adapters.monitor.vllm.trace_files import (
     TraceFacts,
@@ -58,10 +68,9 @@ from engine_adapters.monitor.vllm.trace_files import (
     mode_note,
     rank_of,
     trace_facts,
+    trace_pid,
+    trace_rank,
 )
-
-if TYPE_CHECKING:
-    from engine_adapters.monitor.vllm.adapter import VllmSession
 
 log = logging.getLogger("rltperf.vllm.capture")
 
@@ -77,38 +86,14 @@ STOP_GRACE_S = 2.0
 PROFILER_FLAG_HELP = '--profiler-config \'{"profiler": "torch", "torch_profiler_dir": "/abs/dir"}\''
 
 
-@dataclass
-class HttpCaptureJob:
-    """One capture through the server's profiler."""
-
-    capture_id: str
-    steps: int
-    mode: str
-    label: str
-    prefix: str
-    requested_ns: int
-    live_at_trigger: dict[str, Any] = field(default_factory=dict)
-    trigger: dict[str, Any] | None = None
-    """The trigger rule that asked for this capture (``TriggerInfo`` as a dict), if any."""
-    state: str = "armed"
-    start_call_s: float | None = None
-    stop_call_s: float | None = None
-    steps_at_start: float | None = None
-    started_ns: int | None = None
-    window_end_ns: int | None = None
-    export_start_ns: int | None = None
-    error: str | None = None
-    stop_sent: bool = False
-
-
 class HttpCapture(threading.Thread):
     """Runs one capture against a vLLM server and writes its bundle (see module docstring)."""
 
-    def __init__(self, session: VllmSession, job: HttpCaptureJob) -> None:
+    def __init__(self, session: CaptureHost, job: HttpCaptureJob) -> None:
         super().__init__(name=f"rltperf-vllm-capture-{job.capture_id}", daemon=True)
         self.session = session
         self.job = job
-        self.post = session._post
+        self.post = session.post
         self.cancel = threading.Event()
 
     # -- the run ---------------------------------------------------------------------------
@@ -124,7 +109,7 @@ class HttpCapture(threading.Thread):
         finally:
             if job.state not in ("saved", "failed"):
                 job.state = "failed"
-            self.session._capture_finished(self)
+            self.session.capture_finished(self)
 
     def _run(self) -> None:
         s = self.session
@@ -138,7 +123,8 @@ class HttpCapture(threading.Thread):
             self.post(CaptureFailed(capture_id=job.capture_id, reason=reason))
             return
         assert pdir is not None
-        job.steps_at_start = s.scrape_steps()
+        job.engine_steps_at_start = s.scrape_steps()
+        job.steps_at_start = _total(job.engine_steps_at_start)
         t0 = time.perf_counter()
         try:
             status, body = s.http.request(
@@ -201,6 +187,7 @@ class HttpCapture(threading.Thread):
         done_last = -1
         last_progress = time.monotonic()
         last_steps = job.steps_at_start
+        start = job.engine_steps_at_start
         next_scrape = 0.0
         done_at: float | None = None
         while not self.cancel.is_set():
@@ -211,12 +198,17 @@ class HttpCapture(threading.Thread):
             now = time.monotonic()
             if now >= next_scrape:
                 next_scrape = now + SCRAPE_S
-                cur = s.scrape_steps()
+                by_engine = s.scrape_steps()
+                cur = _total(by_engine)
                 if cur is not None and last_steps is not None and cur > last_steps:
                     last_progress = now
                     last_steps = cur
-                if cur is not None and job.steps_at_start is not None:
-                    done = int(min(job.steps, max(0.0, cur - job.steps_at_start)))
+                if by_engine is not None and start is not None:
+                    # every engine profiles its own N steps: the window is done when the
+                    # slowest engine has run them
+                    done = int(
+                        min(job.steps, max(0.0, min(v - start.get(e, v) for e, v in by_engine.items())))
+                    )
                     if done != done_last and done > 0:
                         self.post(
                             CaptureProgress(capture_id=job.capture_id, steps_done=done, steps=job.steps)
@@ -295,6 +287,9 @@ class HttpCapture(threading.Thread):
             self._fail(_os_error_text(exc, f"the bundle under snapshot root {root}"))
             return
         workers = sorted((n for n in files if is_trace(n) and not is_frontend(n)), key=rank_of)
+        expected, pids = s.server_ranks()
+        ranks: dict[str, str] = {}  # trace file on the server -> its rank
+        held: dict[str, str] = {}  # rank -> trace file in the bundle
         frontends = sorted(n for n in files if is_trace(n) and is_frontend(n))
         tables = sorted(
             (n for n in files if n.endswith(".profiler_out.txt") and not is_frontend(n)), key=rank_of
@@ -308,10 +303,20 @@ class HttpCapture(threading.Thread):
                 job.error = (
                     job.error or f"the server wrote no worker trace with prefix {job.prefix!r} into {pdir}"
                 )
+            for name in workers:
+                src = os.path.join(pdir, name)
+                ranks[name] = trace_rank(name, trace_pid(src), pids)
+            workers.sort(key=lambda n: (ranks[n], n))
+            taken: set[str] = set()
             for i, name in enumerate(workers):
-                dst = "trace.json.gz" if i == 0 else f"trace_rank{rank_of(name)}.json.gz"
+                rank = ranks[name]
+                dst = "trace.json.gz" if i == 0 else f"trace_{rank}.json.gz"
+                if dst in taken:  # two traces of one rank (should not happen): keep both
+                    dst = f"trace_{rank}_{i}.json.gz"
+                taken.add(dst)
+                held.setdefault(rank, dst)
                 self._copy_gz(os.path.join(pdir, name), os.path.join(tmp, dst))
-                out_files[dst] = f"worker trace {name} (Chrome trace, Perfetto)"
+                out_files[dst] = f"worker trace of rank {rank}: {name} (Chrome trace, Perfetto)"
             if workers:
                 facts = self._read_facts(os.path.join(tmp, "trace.json.gz"))
                 trace_bytes = os.path.getsize(os.path.join(tmp, "trace.json.gz"))
@@ -341,6 +346,7 @@ class HttpCapture(threading.Thread):
         export_s = (_clk() - job.export_start_ns) / 1e9 if job.export_start_ns else 0.0
         note = mode_note(job.mode, facts) if workers else None
         meta = self._meta(facts, steps_captured, trace_bytes, export_s, read_s, out_files, files, note)
+        meta.capture.ranks = ranks_held(expected, held)
         try:
             path = seal_bundle(tmp, final, meta)
         except OSError as exc:
@@ -446,6 +452,10 @@ class HttpCapture(threading.Thread):
             contract=server_contract(info),
             files=out_files,
         )
+
+
+def _total(by_engine: dict[str, float] | None) -> float | None:
+    return sum(by_engine.values()) if by_engine else None
 
 
 def server_contract(info: EngineInfo) -> dict[str, Any]:

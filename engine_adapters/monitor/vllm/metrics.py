@@ -1,7 +1,8 @@
 """vLLM's ``/metrics``: parse one scrape (``exposition.read_families``) and derive a sample.
 
 ``parse_scrape(text)`` sums every ``vllm:*`` series over its label sets (engines, model
-names) into a ``Scrape`` of cumulative values; ``derive(prev, cur)`` turns two scrapes into
+names) into a ``Scrape`` of cumulative values (``engine=`` keeps one engine's series of a
+data-parallel server, ``engines.py``); ``derive(prev, cur)`` turns two scrapes into
 one ``MetricsSample`` of what was gained in between (counters, histogram buckets) plus the
 gauges at ``cur``.  Names are vLLM 0.32's (see ``../shared/VLLM_CPU.md``); older aliases
 are tried where vLLM renamed a metric.
@@ -156,6 +157,8 @@ class Scrape:
     """Labels of ``*_info`` gauges (first label set), e.g. ``vllm:cache_config_info``."""
     engines: set[str] = field(default_factory=set)
     """Values of the ``engine`` label seen."""
+    engine_steps: dict[str, float] = field(default_factory=dict)
+    """Cumulative engine steps by ``engine`` label (``""``: unlabelled)."""
 
     @property
     def has_vllm(self) -> bool:
@@ -168,14 +171,17 @@ class Scrape:
         return h.count if h is not None else None
 
 
-def parse_scrape(text: str, ts_ns: int) -> Scrape:
-    """Parse a ``/metrics`` answer into a ``Scrape`` (only ``vllm:`` families are kept)."""
+def parse_scrape(text: str, ts_ns: int, engine: str | None = None) -> Scrape:
+    """Parse a ``/metrics`` answer into a ``Scrape`` (only ``vllm:`` families are kept;
+    with ``engine``, only the series labelled ``engine=<engine>`` and unlabelled ones)."""
     out = Scrape(ts_ns=ts_ns)
     kv_n = 0
     families = read_families(text, "vllm:")  # raises ScrapeError on a malformed line
     for fam in families:
         if not fam.name.startswith("vllm:"):
             continue
+        if engine is not None:
+            fam = _one_engine(fam, engine)
         if fam.type == "counter":
             for sname, labels, value, _ in fam.samples:
                 # a counter's sample is *_total (a 0.0.4 counter named without it gets it)
@@ -206,6 +212,14 @@ def parse_scrape(text: str, ts_ns: int) -> Scrape:
     return out
 
 
+def _one_engine(fam: Family, engine: str) -> Family:
+    """``fam`` with only the samples of ``engine`` (and those without an engine label)."""
+    keep = [smp for smp in fam.samples if smp[1].get("engine", engine) == engine]
+    if len(keep) == len(fam.samples):
+        return fam
+    return Family(fam.name, fam.type, keep)
+
+
 def _add_histogram(out: Scrape, fam: Family) -> None:
     buckets: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
     count = 0.0
@@ -225,6 +239,9 @@ def _add_histogram(out: Scrape, fam: Family) -> None:
             buckets.setdefault(key, []).append((bound, value))
         elif sname.endswith("_count"):
             count += value
+            if fam.name == ITERATION_TOKENS:
+                eng = labels.get("engine", "")
+                out.engine_steps[eng] = out.engine_steps.get(eng, 0.0) + value
         elif sname.endswith("_sum"):
             total += value
     merged: Histogram | None = None

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from time import perf_counter_ns as _clk
 from typing import Any
 
+from engine_adapters.definitions.ranks import rank_name
 from engine_adapters.definitions.records import (
     EngineInfo,
     MetricsSample,
@@ -23,14 +24,14 @@ from engine_adapters.definitions.records import (
     to_builtins,
 )
 from engine_adapters.monitor.base import new_capture_id
-from engine_adapters.monitor.vllm.announced import Announcement
+from engine_adapters.monitor.vllm.announced import Announcement, find_all
 from engine_adapters.monitor.vllm.capture import (
     PROFILER_FLAG_HELP,
     HttpCapture,
-    HttpCaptureJob,
     profile_prefix,
     validate_request,
 )
+from engine_adapters.monitor.vllm.capture_job import HttpCaptureJob
 from engine_adapters.monitor.vllm.http import HttpClient, ServerUnreachable
 from engine_adapters.monitor.vllm.metrics import ScrapeError, parse_scrape
 
@@ -50,21 +51,48 @@ class CaptureSide:
     _capture: HttpCapture | None
     _lock: threading.Lock
 
-    _post: Callable[[Record], None]
+    engine: str | None
+    post: Callable[[Record], None]
     _refresh_announcement: Callable[[], None]
 
-    def scrape_steps(self) -> float | None:
-        """A fresh read of the server's cumulative engine steps (None when unavailable)."""
+    def scrape_steps(self) -> dict[str, float] | None:
+        """A fresh read of the server's cumulative engine steps by engine label (every
+        engine of the server: vLLM's profiler profiles them all); None when unavailable."""
         try:
             status, body = self.http.request("GET", "/metrics")
             if status != 200:
                 return None
-            return parse_scrape(body.decode("utf-8", "replace"), _clk()).steps()
+            scrape = parse_scrape(body.decode("utf-8", "replace"), _clk())
         except (ServerUnreachable, ScrapeError):
             return None
+        return dict(scrape.engine_steps) if scrape.steps() is not None else None
+
+    def server_ranks(self) -> tuple[list[str] | None, dict[int, str]]:
+        """Every worker rank of the server (``dp1-tp0``...; None: unknown) and its workers'
+        pids by rank name, from the plugin's announcements (one per data-parallel engine)."""
+        anns, _why = find_all(self.http.host, self.http.port)
+        expected: list[str] = []
+        pids: dict[int, str] = {}
+        for a in anns:
+            w_d, r_l = a.data.get("workers"), a.data.get("ranks")
+            workers: dict[str, Any] = w_d if isinstance(w_d, dict) else {}
+            names: list[Any] = r_l if isinstance(r_l, list) else list(workers)
+            if not names:
+                return None, pids
+            for w in names:
+                expected.append(rank_name(a.dp_rank, str(w)))
+            for w, pid in workers.items():
+                if isinstance(pid, int):
+                    pids[pid] = rank_name(a.dp_rank, str(w))
+        return (expected or None), pids
 
     def capture_blocker(self) -> str | None:
         """Why a capture cannot run here, or None."""
+        if self.engine not in (None, "0"):
+            return (
+                f"vLLM's profiler captures every engine of the server at once: capture from the server's "
+                f"engine-0 target (vllm+{self.base_url}?engine=0, or the plain vllm+{self.base_url})"
+            )
         if self.profiler_available is False:
             return (
                 f"the vLLM server at {self.base_url} was started without --profiler-config, so it has no "
@@ -112,7 +140,8 @@ class CaptureSide:
             "kv_usage": s.kv_usage,
         }
 
-    def _capture_finished(self, cap: HttpCapture) -> None:
+    def capture_finished(self, cap: HttpCapture) -> None:
+        """The capture thread ``cap`` is done: another capture may start."""
         with self._lock:
             if self._capture is cap:
                 self._capture = None
@@ -123,12 +152,12 @@ class CaptureSide:
         cid = new_capture_id()
         bad = validate_request(steps, mode, cid)
         if bad:
-            self._post(Refused(reason=bad, capture_id=cid))
+            self.post(Refused(reason=bad, capture_id=cid))
             return cid
         with self._lock:
             running = self._capture
             if running is not None:
-                self._post(Refused(
+                self.post(Refused(
                     reason=f"a capture is already running ({running.job.capture_id}: {running.job.state}); one at a time",
                     capture_id=cid,
                 ))  # fmt: skip
@@ -141,7 +170,7 @@ class CaptureSide:
                 requested_ns=_clk(), live_at_trigger=self._live(),
                 trigger=to_builtins(trigger) if trigger is not None else None,
             )  # fmt: skip
-            cap = HttpCapture(self, job)  # type: ignore[arg-type]  # self is the VllmSession
+            cap = HttpCapture(self, job)  # type: ignore[arg-type]  # the VllmSession is a CaptureHost
             self._capture = cap
         cap.start()
         return cid

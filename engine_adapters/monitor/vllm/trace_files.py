@@ -110,8 +110,40 @@ def is_frontend(name: str) -> bool:
 
 
 _RANK = re.compile(r"rank(\d+)")
+_PARTS = re.compile(r"_dp(\d+)_pp(\d+)_tp(\d+)")
+_PID = re.compile(rb'"pid"\s*:\s*(\d+)')
 
 
 def rank_of(name: str) -> int:
     m = _RANK.search(name)
     return int(m.group(1)) if m else 0
+
+
+def trace_pid(path: str, head: int = 1 << 20) -> int | None:
+    """The process id most events of a trace carry (the worker that wrote it), read from
+    its first ``head`` bytes; None when none is found or the file cannot be read."""
+    opener: Callable[..., Any] = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read(head)
+    except (OSError, EOFError):
+        return None
+    counts: dict[int, int] = {}
+    for m in _PID.finditer(data):
+        pid = int(m.group(1))
+        counts[pid] = counts.get(pid, 0) + 1
+    return max(counts, key=lambda p: counts[p]) if counts else None
+
+
+def trace_rank(name: str, pid: int | None, pids: dict[int, str]) -> str:
+    """The rank of a worker trace: its worker's, by pid, when the server's announcements
+    list it (``dp1-tp0``); else from vLLM's file name (``dp<D>_pp<P>_tp<T>``; a data-parallel
+    engine of a dense model calls itself dp0, so the pid is what tells its DP rank apart),
+    else ``rank<r>``."""
+    if pid is not None and pid in pids:
+        return pids[pid]
+    m = _PARTS.search(name)
+    if m:
+        dp, pp, tp = (int(g) for g in m.groups())
+        return f"dp{dp}-" + (f"pp{pp}-tp{tp}" if pp else f"tp{tp}")
+    return f"rank{rank_of(name)}"

@@ -9,13 +9,19 @@ writes one small JSON file when its busy loop starts and removes it when the loo
 
     $XDG_RUNTIME_DIR/rltperf/vllm/<api pid>-<engine pid>.json    (else /tmp/rltperf-<uid>/vllm/)
 
+A data-parallel server runs one engine core per DP rank, and each writes its own file:
+together they list every rank of the server (``dp_rank``, ``tp_size``, ``pp_size``,
+``workers``: each worker's pid by name, ``probe``: that engine's probe address, the base
+port + its DP rank).
+
 The directories are the user's own, mode 0700 (a directory that is not is ignored, so
 no other user can plant or read an announcement); ``RLTPERF_RUNTIME_DIR`` replaces
 both.  The file holds (``FORMAT`` 1): both processes' pids and start times (a reused
 pid is not the same process), the TCP addresses the API server listens on (the
 engine core's parent holds the listening socket: read from ``/proc``, so Linux only;
 often empty, as vLLM listens only after its engine started, so a reader looks at the
-API server's sockets itself),
+API server's sockets itself; a thread looks again a few times, with backoff
+(``LISTEN_BACKOFF_S``), then stops and says why),
 the profiler config (``--profiler-config``: ``torch_profiler_dir`` and what is
 recorded), the engine's ``EngineInfo`` fields (dtype, device, quantization...; those
 of ``engine_facts.engine_info``), the probe address, and the vLLM and rltperf versions.
@@ -68,9 +74,9 @@ PROFILER_FIELDS = (
 )
 """The fields of vLLM 0.32's ``ProfilerConfig`` that the announcement carries."""
 
-LISTEN_WAIT_S = 600.0
-"""How long the engine core waits for its API server to listen before giving up on
-adding the port to the announcement (readers then look it up themselves)."""
+LISTEN_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+"""The waits between the engine core's looks for its API server's port (about a minute
+in all), after which it stops looking and says so (readers then look it up themselves)."""
 
 log = logging.getLogger("vllm.rltperf")
 _patched: set[type] = set()
@@ -157,6 +163,20 @@ def describe(core: Any) -> dict[str, Any]:
     except Exception as exc:  # the announcement still carries the profiler
         engine, engine_error = None, f"{type(exc).__name__}: {exc}"
     served = getattr(cfg.model_config, "served_model_name", None)
+    ident: dict[str, Any] = {}
+    probe = os.environ.get("RLTPERF_PROBE", "").strip() or None
+    try:
+        from engine_adapters.probe.vllm import engine_facts
+
+        ident = engine_facts.identity(core)
+        ident["workers"] = engine_facts.worker_pids(core)
+        if probe:
+            from engine_adapters.definitions.wire import parse_hostport
+
+            host, port = engine_facts.probe_listen(*parse_hostport(probe), ident["dp_rank"])
+            probe = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    except Exception as exc:  # the announcement still says the rest
+        ident = {"identity_error": f"{type(exc).__name__}: {exc}"}
     api_pid = os.getppid()
     me = os.getpid()
     try:
@@ -178,22 +198,34 @@ def describe(core: Any) -> dict[str, Any]:
         "listen": [list(a) for a in tcp_listeners(api_pid)],
         "served_model_name": served if isinstance(served, str) else (list(served) if served else None),
         "profiler": profiler,
-        "probe": os.environ.get("RLTPERF_PROBE", "").strip() or None,
+        "probe": probe,
         "engine": engine,
         "engine_error": engine_error,
+        **ident,
     }
 
 
-def _add_listen(path: str, doc: dict[str, Any], done: threading.Event) -> None:
+def _add_listen(
+    path: str, doc: dict[str, Any], done: threading.Event, backoff: tuple[float, ...] = LISTEN_BACKOFF_S
+) -> bool:
     """Rewrite the announcement with the API server's port once it listens (vLLM listens
-    only after its engine started), so that readers need not look it up themselves."""
-    deadline = time.monotonic() + LISTEN_WAIT_S
-    while not done.wait(1.0) and time.monotonic() < deadline:
+    only after its engine started), so that readers need not look it up themselves.
+    Looks once after each wait of ``backoff``, then stops and says why; True when the
+    port was added."""
+    for wait in backoff:
+        if done.wait(wait):
+            return False
         listen = tcp_listeners(int(doc["api_pid"]))
         if listen:
             if not done.is_set() and os.path.exists(path):
                 _write(path, dict(doc, listen=[list(a) for a in listen]))
-            return
+            return True
+    log.info(
+        "rltperf plugin: the API server (pid %s) did not listen within %.0f s; the announcement %s goes "
+        "without its port (monitors look it up themselves)",
+        doc.get("api_pid"), sum(backoff), path,
+    )  # fmt: skip
+    return False
 
 
 def prune(directory: str) -> int:

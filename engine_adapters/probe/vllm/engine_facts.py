@@ -1,5 +1,6 @@
 """What the vLLM plugin reads from vLLM's engine core: its description (``engine_info``,
-the Hello's fields: model, dtype, device, limits, loop count, contract) and its KV blocks.
+the Hello's fields: model, dtype, device, limits, loop count, contract, identity), its
+KV blocks, its data-parallel rank (``dp_index``) and its probe's address (``probe_listen``).
 
 Part of ``hooks.py``'s dependence on vLLM's internals (the supported versions are
 ``hooks.SUPPORTED``); called inside the engine-core process, by the tap and by
@@ -9,7 +10,63 @@ Part of ``hooks.py``'s dependence on vLLM's internals (the supported versions ar
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
+
+from engine_adapters.definitions.ranks import worker_tags
+
+
+def dp_index(pc: Any, engine_index: int | None = None) -> int:
+    """The data-parallel rank of the engine core (or worker) whose ``parallel_config`` is ``pc``.
+
+    vLLM 0.32 runs each data-parallel rank of a dense model as an independent engine:
+    ``run_engine_core`` calls ``parallel_config.reconfigure_for_independent_dp_rank()``,
+    which sets ``data_parallel_size`` to 1 and ``data_parallel_rank`` to 0 in every
+    engine, and keeps the real rank in ``data_parallel_index`` (only MoE models get a
+    ``DPEngineCoreProc`` with ``data_parallel_rank`` left in place).  So the index is
+    read first; the engine core's ``engine_index`` (its DP rank too) and
+    ``data_parallel_rank`` are fallbacks for layouts without it."""
+    for v in (
+        getattr(pc, "data_parallel_index", None),
+        engine_index,
+        getattr(pc, "data_parallel_rank", None),
+    ):
+        if isinstance(v, int) and v >= 0:
+            return v
+    return 0
+
+
+def probe_listen(host: str, port: int, dp: int) -> tuple[str, int]:
+    """Where the probe of data-parallel rank ``dp`` listens: the base port + ``dp``
+    (port 0, any free port, stays 0)."""
+    return host, (port + dp if port else 0)
+
+
+def identity(core: Any) -> dict[str, Any]:
+    """The engine core's place in the server: DP rank, TP/PP sizes, its workers, host."""
+    pc = core.vllm_config.parallel_config
+    tp, pp = int(pc.tensor_parallel_size), int(pc.pipeline_parallel_size)
+    return {
+        "dp_rank": dp_index(pc, getattr(core, "engine_index", None)),
+        "tp_size": tp,
+        "pp_size": pp,
+        "ranks": worker_tags(tp, pp),
+        "host": socket.gethostname(),
+    }
+
+
+def worker_pids(core: Any) -> dict[str, int]:
+    """The engine core's worker processes by worker name (``tp0``...), where the executor
+    shows them (vLLM's multiprocessing executor); empty otherwise."""
+    pc = core.vllm_config.parallel_config
+    tags = worker_tags(int(pc.tensor_parallel_size), int(pc.pipeline_parallel_size))
+    out: dict[str, int] = {}
+    for w in getattr(core.model_executor, "workers", None) or ():
+        rank, proc = getattr(w, "rank", None), getattr(w, "proc", None)
+        pid = getattr(proc, "pid", None)
+        if isinstance(rank, int) and 0 <= rank < len(tags) and isinstance(pid, int):
+            out[tags[rank]] = pid
+    return out
 
 
 def loop_count(hf: Any) -> int | None:
@@ -55,6 +112,7 @@ def engine_info(core: Any, loops: int | None) -> dict[str, Any]:
     att = getattr(getattr(cfg, "attention_config", None), "backend", None)
     comp = getattr(cfg, "compilation_config", None)
     cudagraph = getattr(comp, "cudagraph_mode", None)
+    ident = identity(core)
     tp, pp, dp = pc.tensor_parallel_size, pc.pipeline_parallel_size, pc.data_parallel_size
     contract: dict[str, Any] = {
         "tokenizer": mc.tokenizer,
@@ -65,7 +123,10 @@ def engine_info(core: Any, loops: int | None) -> dict[str, Any]:
         "prefix_caching": "on" if cc.enable_prefix_caching else "off",
         "async_scheduling": "on" if sc.async_scheduling else "off",
         "cuda_graphs": f"{cudagraph} (enforce_eager={mc.enforce_eager})",
-        "device_mapping": f"TP={tp} PP={pp} DP={dp}, executor {type(core.model_executor).__name__}",
+        # a dense model's DP engines each run as DP=1 (see dp_index): the size is not known here
+        "device_mapping": f"TP={tp} PP={pp}, DP rank {ident['dp_rank']}"
+        + (f" of {dp}" if dp > 1 else "")
+        + f", executor {type(core.model_executor).__name__}",
         "framework": f"vLLM {vllm.__version__}, torch {torch_v}",
         "spec_config": str(spec) if spec is not None else "off",
         "max_model_len": mc.max_model_len,
@@ -100,6 +161,7 @@ def engine_info(core: Any, loops: int | None) -> dict[str, Any]:
         "workload": "requests from the server's clients (not known to the engine)",
         "random_weights": True if random else None,
         "contract": contract,
+        **ident,
     }
 
 

@@ -25,8 +25,16 @@ tries anyway).  The hook points, all in ``vllm/v1/engine/core.py`` of 0.32:
   monotonic clock; first token and finish are when the engine core produced them).
 - ``profile``: vLLM's profiler on/off; steps in between carry ``FLAG_PROFILED``.
 
-Nothing here may break vLLM: bookkeeping errors disable the plugin (one warning) and
-vLLM's own calls and exceptions pass through unchanged.
+Nothing here may break vLLM: every call of the probe's (``probe.step()``, a stage's
+``mark``, the step's facts) is guarded; the first error disables the plugin (one
+warning naming the call and the error; the probe says goodbye to its subscribers with
+that reason) and vLLM's own calls and exceptions pass through unchanged.
+(``faults.py`` makes the guarded calls raise, for the tests.)
+
+**Data parallelism.**  Each data-parallel engine core runs its own probe, on the port of
+``RLTPERF_PROBE`` + its DP rank (``engine_facts.dp_index``: vLLM 0.32 runs a dense
+model's DP ranks as independent engines whose ``data_parallel_rank`` reads 0; the rank
+is in ``data_parallel_index``).
 """
 
 from __future__ import annotations
@@ -43,7 +51,8 @@ from time import perf_counter_ns as _clk
 from typing import Any
 
 from engine_adapters.definitions.records import FLAG_PROFILED
-from engine_adapters.probe.vllm.engine_facts import engine_info, kv_blocks, loop_count
+from engine_adapters.probe.vllm import faults
+from engine_adapters.probe.vllm.engine_facts import dp_index, engine_info, kv_blocks, loop_count, probe_listen
 
 SUPPORTED = ((0, 32), (0, 33))
 """vLLM versions the hooks are written for: ``>= 0.32, < 0.33``."""
@@ -173,6 +182,7 @@ class Tap:
         self.reqs: OrderedDict[str, _Req] = OrderedDict()
         self.steps = 0
         self.loops: Any = None  # loops.LoopFacts for a looped model whose structure is known
+        self.faults: faults.Faults | None = None  # injected faults (tests only)
         from vllm.v1.utils import compute_iteration_details
 
         self._details = compute_iteration_details
@@ -181,13 +191,27 @@ class Tap:
         if not self.broken:
             self.broken = True
             self.slot = None
-            log.warning("rltperf plugin: %s failed (%s: %s); the plugin stops recording, vLLM runs on",
-                        where, type(exc).__name__, exc)  # fmt: skip
+            why = f"{where} failed ({type(exc).__name__}: {exc})"
+            log.warning("rltperf plugin: %s; the plugin stops recording, vLLM runs on", why)
+            # subscribers learn why the stream ends; never on the engine's thread (close joins)
+            threading.Thread(target=self._close_quietly, args=(f"rltperf plugin stopped recording: {why}",),
+                             name="rltperf-disable", daemon=True).start()  # fmt: skip
+
+    def _close_quietly(self, reason: str) -> None:
+        try:
+            self.probe.close(reason, timeout=2.0)
+        except Exception:
+            pass
 
     def _mark(self, name: str) -> None:
         st = self.slot
         if st is not None:
-            st.mark(name)
+            try:
+                if self.faults is not None:
+                    self.faults.check("probe_mark")
+                st.mark(name)
+            except Exception as exc:
+                self._disable(f"marking stage {name}", exc)
 
     def _wrap_future(self, fut: Any) -> Any:
         orig = getattr(fut, "result", None)
@@ -224,9 +248,17 @@ class Tap:
         def step_fn() -> Any:
             if tap.broken:
                 return orig_step()
-            st = tap.probe.step()
-            st.mark("schedule")
+            try:
+                if tap.faults is not None:
+                    tap.faults.check("probe_step")
+                st = tap.probe.step()
+            except Exception as exc:
+                tap._disable("starting a step record (probe.step)", exc)
+                return orig_step()
             tap.slot, tap.scheduled, tap.completed, tap.outputs = st, None, None, None
+            tap._mark("schedule")
+            if tap.broken:
+                return orig_step()
             try:
                 return orig_step()
             finally:
@@ -417,9 +449,8 @@ def attach(core: Any, listen: str) -> Tap | None:
     from engine_adapters.probe import Probe
 
     pc = core.vllm_config.parallel_config
-    host, port = parse_hostport(listen)
-    if pc.data_parallel_size > 1 and port:
-        port += int(pc.data_parallel_rank or 0)  # one probe per data-parallel engine
+    dp = dp_index(pc, getattr(core, "engine_index", None))
+    host, port = probe_listen(*parse_hostport(listen), dp)  # one probe per data-parallel engine
     hf = getattr(core.vllm_config.model_config, "hf_config", None)
     loops = None
     env_loops = os.environ.get("RLTPERF_LOOP_COUNT")
@@ -433,6 +464,14 @@ def attach(core: Any, listen: str) -> Tap | None:
     from engine_adapters.probe.vllm.loops import loop_config
 
     info["loop_config"] = loop_config(core, loops) or info["loop_config"]
+    from engine_adapters.probe.vllm.loops import LoopFacts
+
+    lf: LoopFacts | None = LoopFacts(core, loops)
+    if lf is not None and lf.known:
+        if lf.kv_caches is not None:
+            info["contract"]["kv_caches_per_depth"] = lf.kv_caches  # counted from vLLM's KV cache config
+    else:
+        lf = None
     addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     probe = Probe(
         addr,
@@ -446,18 +485,16 @@ def attach(core: Any, listen: str) -> Tap | None:
         captures=CAPTURE_REFUSAL,
     )
     tap = Tap(core, probe, float(loops or 1))
-    from engine_adapters.probe.vllm.loops import LoopFacts
-
-    tap.loops = LoopFacts(core, loops)
-    if not tap.loops.known:
-        tap.loops = None
+    tap.faults = faults.for_rank(f"dp{dp}")
+    tap.loops = lf
     tap.install()
     log.info(
-        "rltperf plugin: probe listening on tcp://%s in the engine core (pid %d); attach with "
+        "rltperf plugin: probe listening on tcp://%s in the engine core of DP rank %d (pid %d); attach with "
         "`rltperf attach tcp://%s`",
-        probe.address, os.getpid(), probe.address,
+        probe.address, dp, os.getpid(), probe.address,
     )  # fmt: skip
     print(
-        f"rltperf: probe listening on tcp://{probe.address} (vLLM engine core, pid {os.getpid()})", flush=True
+        f"rltperf: probe listening on tcp://{probe.address} (vLLM engine core, DP rank {dp}, pid {os.getpid()})",
+        flush=True,
     )
     return tap

@@ -25,10 +25,13 @@ small file, removed when the server stops); ``RLTPERF_ANNOUNCE=0`` turns that of
 for a non-loopback address; ``RLTPERF_LOOP_COUNT`` corrects vLLM's byte/FLOP estimates
 for a looped model.  For Ouro the step records also carry per-loop time, tokens per
 pass, exits, KV per depth, busy time and bytes/FLOPs from the model's structure
-(``loops.py``): the model writes one record per forward into a ring file named by
-``RLTPERF_LOOP_RING`` (set here, inherited by the engine core and its workers);
-``RLTPERF_LOOP_TIMING=0`` turns that recording off.  ``VLLM_PLUGINS`` can exclude the
-plugin.
+(``loops.py``): each worker of the model writes one record per forward into its own
+ring file, ``RLTPERF_LOOP_RING`` (set here, inherited by the engine cores and their
+workers) with its ranks in the name, and the engine core reads its workers' rings;
+``RLTPERF_LOOP_TIMING=0`` turns that recording off.  With ``--data-parallel-size`` each
+engine core runs its own probe on the port + its DP rank.  ``VLLM_PLUGINS`` can exclude
+the plugin.  For tests only: ``RLTPERF_INJECT_FAULTS`` and ``RLTPERF_INJECT_SLOW``
+(``faults.py``).
 What depends on vLLM's internals (and the supported version range) is in ``hooks.py``.
 """
 

@@ -68,7 +68,11 @@ between steps): when the load stops, idle climbs to 100 % and the header says "n
 for N s"; when the engine stops answering altogether (not even its ~1 s heartbeat) the
 header says "hung?" and the figures are marked stale.  Profiled, exporting and warm-up
 steps leave every figure (their time, tokens and bytes, and the requests in flight
-during them): the panel's "excluded N steps, M req" says how many were left out.  **Goodput** = completed
+during them): the panel's "excluded N steps, M req" says how many were left out.  While
+they own more than half of the window (an export longer than the window on a loaded
+machine, where the engine runs slower during it), the panels keep the newest figures
+of a window that was not, and say how old they are ("stale: as of N s ago (capture)",
+"figures N s old").  **Goodput** = completed
 requests per second meeting both SLOs (`--slo-ttft-ms`, `--slo-tpot-ms`; DistServe's
 definition).  Failed requests are counted, never dropped.
 
@@ -99,7 +103,11 @@ median step time.
 ## Loops & speculation
 
 Share of produced tokens by the loop depth at which they exited, mean exit depth, mean
-time and tokens per step at each depth, KV blocks per depth (newest step).
+time and tokens per step at each depth, KV blocks per depth (newest step).  **ranks**
+(an engine with several workers, e.g. tensor parallel): each worker's compute per step =
+its busy time − its time inside all-reduces (waiting for the others; CPU only, else
+busy), over the window's steps in which every worker reported; the **slowest** rank is
+the one with the most compute (its peers wait for it), +ms/step and % over the fastest.
 Speculation: draft tokens proposed and accepted in the window, acceptance rate =
 accepted / drafted, mean acceptance length = 1 + accepted / drafts.
 

@@ -41,6 +41,8 @@ class LatencyPanel(Panel):
             ln.add(f"  excluded {excluded:,} steps", "$warning")
             if w.requests_excluded:
                 ln.add(f", {w.requests_excluded:,} req", "$warning")
+            if w.stale_s is not None:  # figures held from before the export (figures.blind)
+                ln.add(f"; figures {w.stale_s:.0f} s old", "bold $warning")
         ln.nl()
         ln.add("goodput ", "$text-muted")
         if ctx.slo_ttft_ms is None and ctx.slo_tpot_ms is None:

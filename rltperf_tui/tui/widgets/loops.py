@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine_adapters.definitions.ranks import straggler_text
 from rltperf_tui.tui.widgets._fmt import Lines, ms, num, pct
 from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
@@ -23,7 +24,8 @@ class LoopsPanel(Panel):
         hist = w.exit_hist
         total = sum(hist)
         depths = max(len(hist), len(w.loop_ms_mean), len(kv))
-        rows_left = height - 3  # header + two speculation lines
+        rf = ctx.stats.ranks  # None for a single-rank engine
+        rows_left = height - 3 - (rf is not None)  # header + two speculation lines (+ ranks)
         if depths == 0:
             ln.add("no loop data reported (exit depths, loop times)", "$text-muted").nl()
         else:
@@ -45,6 +47,16 @@ class LoopsPanel(Panel):
             ln.add("mean exit depth ", "$text-muted").add(num(w.mean_exit_depth, "{:.2f}"), "bold")
             ln.add(f" of {depths}", "$text-muted")
             ln.nl()
+        if rf is not None:
+            ln.add("ranks ", "$text-muted")
+            if not rf.steps:
+                ln.add("no step in the window where every rank reported", "$text-muted").nl()
+            else:
+                ln.add(
+                    " · ".join(f"{k} {ms(c)}" for k, c in zip(rf.ranks, rf.compute_ms, strict=False)), "bold"
+                )
+                ln.add(" ms compute/step · ", "$text-muted")
+                ln.add(straggler_text(rf), "bold $warning" if (rf.skew_frac or 0) > 0.25 else "bold").nl()
         if w.spec_drafted == 0:
             ln.add("speculation ", "$text-muted").add("no drafts in window (off or idle)", "$text-muted")
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine_adapters.definitions.figures import QUIET_AFTER_S
+from engine_adapters.definitions.ranks import identity_text
 from rltperf_tui.tui.widgets._fmt import NA, Lines, ms, pct, si
 from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
@@ -55,6 +56,9 @@ class TargetHeader(Panel):
                 parts.append(info.quantization)
             parts.append(info.device or "device ?")
             ln.add(" · ".join(parts), "bold")
+            ident = identity_text(info.dp_rank, info.tp_size, info.pp_size, info.host)
+            if ident and (info.dp_rank is not None or (info.tp_size or 1) > 1):
+                ln.add(" · " + ident, "$text-muted")
         ln.nl()
         if info is not None:
             loops = info.loop_config or (f"max {info.max_loops}" if info.max_loops else "n/a")
@@ -69,6 +73,8 @@ class TargetHeader(Panel):
         # Headline figures: readable even when the panels below are scrolled away.
         if ctx.silent_s is not None:
             ln.add(f"stale: as of {ctx.silent_s:.0f} s ago · ", "bold $error")
+        elif w.stale_s is not None:  # a capture's export owns the window: its last figures
+            ln.add(f"stale: as of {w.stale_s:.0f} s ago (capture) · ", "bold $warning")
         elif st.quiet_s >= QUIET_AFTER_S:
             ln.add(f"no steps for {st.quiet_s:.0f} s · ", "bold $warning")
         p50 = w.step_ms["p50"]

@@ -1,7 +1,8 @@
 """A looped model on a real vLLM server: the tiny Ouro (RANDOM WEIGHTS), rltperf's plugin on.
 
-One server for the module (``tiny_ouro.start_ouro_server``: total_ut_steps 4, the exit
-threshold set to 0.6 with ``--hf-overrides``, no ``--trust-remote-code``).  While
+The shared ``ouro_server`` (``vllm_servers.py``: ``tiny_ouro.start_ouro_server``,
+total_ut_steps 4, the exit threshold set to 0.6 with ``--hf-overrides``, no
+``--trust-remote-code``).  While
 clients send completions, ``rltperf record`` records the plugin's probe and ``rltperf
 capture`` takes 4 steps through vLLM's profiler; the tests read the recording, the
 bundle and what ``rltperf summary`` / ``rltperf report`` say of them.
@@ -16,7 +17,6 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_ouro
-from vllm_fixtures import ROOT, Load, Server, plugin_missing_reason, vllm_missing_reason
+from vllm_fixtures import ROOT, Load, Server
+from vllm_servers import OURO_THRESHOLD
 
 from engine_adapters.definitions.records import Hello, StepRecord
 from engine_adapters.monitor.recording import read_all
@@ -32,21 +33,9 @@ from rltperf_tui.analysis import traces
 from rltperf_tui.live.aggregator import TargetStats
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-_why = vllm_missing_reason() or plugin_missing_reason()
-if _why:
-    pytest.skip(_why, allow_module_level=True)
 
 PASSES = 4
-THRESHOLD = 0.6
-
-
-@pytest.fixture(scope="module")
-def ouro_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = tiny_ouro.start_ouro_server(tmp_path_factory.mktemp("ouro"), {"early_exit_threshold": THRESHOLD})
-    try:
-        yield server
-    finally:
-        server.stop()
+THRESHOLD = OURO_THRESHOLD
 
 
 def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -95,6 +84,10 @@ def test_step_records_carry_per_loop_time_exits_and_kv(ouro_run: dict[str, Any])
     assert hello.engine.random_weights is True  # the test model's RANDOM_WEIGHTS file
     assert "RANDOM_WEIGHTS" in str(hello.engine.contract.get("random_weights"))
     assert f"q={THRESHOLD:g}" in (hello.engine.loop_config or "")  # --hf-overrides reached the model
+    # KV per depth is counted, not assumed: vLLM's KV cache config holds one cache per
+    # (pass, layer), all on one block table, so each depth holds the step's kv_used blocks
+    caches = hello.engine.contract.get("kv_caches_per_depth")
+    assert caches == [tiny_ouro.LAYERS] * PASSES, caches
     steps = [r for r in records if isinstance(r, StepRecord) and r.kind != "idle"]
     assert len(steps) >= 20
     timed = [s for s in steps if s.loop_ns]
@@ -103,7 +96,8 @@ def test_step_records_carry_per_loop_time_exits_and_kv(ouro_run: dict[str, Any])
         assert len(s.loop_ns) == PASSES and all(v > 0 for v in s.loop_ns)
         assert s.loop_tokens == [s.tokens] * PASSES  # select form: every pass runs every token
         assert s.busy_ns is not None and s.busy_ns <= s.end_ns - s.start_ns
-        assert s.kv_per_depth is not None and len(s.kv_per_depth) == PASSES
+        assert s.kv_used is not None and s.kv_used > 0
+        assert s.kv_per_depth == [s.kv_used if n else 0 for n in caches]
         assert s.bytes_read and s.flops and s.bytes_written
     # the passes are (nearly) all of the model's forward: the rest is embedding, exit
     # bookkeeping and the LM head

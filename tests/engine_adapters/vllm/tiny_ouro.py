@@ -10,8 +10,10 @@ exits cannot vary with them — the exit tests use the written random weights, w
 is scaled to spread exits over the depths.
 
 ``reference_logits`` is an independent, straightforward looped decoder over the same
-tensors (plain matmuls, explicit RoPE and causal softmax): the unit test compares
-vLLM's forward against it.
+tensors (plain matmuls, explicit RoPE and causal softmax, no cache: every position
+recomputed from the tokens): ``test_ouro_model`` compares a served model's prefill and
+every step of a batched greedy decode (vLLM's KV caches, one per pass and layer)
+against it (``served_decode_logprobs``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ KV_HEADS = 2
 FFN = 256
 VOCAB = 512
 MAX_POS = 1024
-ROPE_THETA = 10000.0
+ROPE_THETA = 1_000_000.0
+"""As in ByteDance/Ouro-1.4B's config (the library default, 1e4, would hide a wrong base)."""
 EPS = 1e-6
 
 
@@ -206,77 +209,77 @@ def reference_logits(w: dict[str, Any], ids: list[int], total_ut_steps: int, thr
     return out @ w["lm_head.weight"].T, depth
 
 
-PROMPT = "def f(x): return x * 3 + 1  # a looped model"
+PROMPTS = (
+    "def f(x): return x * 3 + 1  # a looped model",
+    "import os\nprint(os.getcwd())",
+    "class Loop:\n    def step(self, x):\n        return",
+)
+"""Three prompts of different lengths, decoded together in one batch."""
+DECODE_TOKENS = 16
 
 
-def vllm_prompt_logprobs(dirs: list[str]) -> dict[str, Any]:
-    """Serve each checkpoint in turn with vLLM's offline ``LLM`` (in this process) and return,
-    per directory, the prompt's token ids and vLLM's full-vocabulary prompt logprobs."""
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
+def served_decode_logprobs(url: str, model_dir: Path, timeout: float = 120.0) -> list[dict[str, Any]]:
+    """Ask a vLLM server that serves ``model_dir`` (as ``tiny``, with ``--max-logprobs`` at
+    least the vocabulary) for a greedy decode of ``DECODE_TOKENS`` tokens of ``PROMPTS``,
+    all three in one request, so submitted together and scheduled as one batch.
 
-    out: dict[str, Any] = {}
-    for d in dirs:
-        tok = AutoTokenizer.from_pretrained(d)
-        ids = tok(PROMPT)["input_ids"]
-        vocab = len(tok)
-        llm = LLM(model=d, dtype="float32", enforce_eager=True, max_model_len=256, max_logprobs=vocab, seed=0)
-        res = llm.generate(
-            [{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=vocab, temperature=0)
-        )
-        rows = []
-        for j, row in enumerate(res[0].prompt_logprobs or []):
-            if j == 0 or row is None:
-                continue
-            dense = [0.0] * vocab
-            for tid, lp in row.items():
-                dense[tid] = lp.logprob
-            rows.append(dense)
-        out[d] = {"ids": ids, "prompt_logprobs": rows}
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-    return out
+    Per prompt: its token ids, the generated ids, the full-vocabulary prompt logprobs
+    (position j predicts token j+1) and the full-vocabulary logprobs of every decode step
+    (step t chose generated[t])."""
+    import urllib.request
+
+    from transformers import PreTrainedTokenizerFast
+
+    # (not AutoTokenizer: the config's auto_map names remote code, and it would ask on stdin)
+    tok = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+    vocab = len(tok)
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    body = json.dumps({
+        "model": "tiny", "prompt": prompts, "max_tokens": DECODE_TOKENS, "temperature": 0, "ignore_eos": True,
+        "logprobs": vocab, "prompt_logprobs": vocab, "return_tokens_as_token_ids": True, "return_token_ids": True,
+    }).encode()  # fmt: skip
+    req = urllib.request.Request(
+        url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        choices = sorted(json.loads(r.read())["choices"], key=lambda c: c["index"])
+
+    def dense(row: dict[Any, Any]) -> list[float]:
+        out = [0.0] * vocab
+        for key, lp in row.items():
+            tid = int(str(key).removeprefix("token_id:"))
+            out[tid] = lp["logprob"] if isinstance(lp, dict) else lp
+        assert len(row) >= vocab, f"only {len(row)} of {vocab} logprobs: --max-logprobs too low"
+        return out
+
+    seqs = []
+    for ids, c in zip(prompts, choices, strict=True):
+        seqs.append({
+            "ids": ids,
+            "generated": list(c["token_ids"]),
+            "prompt_logprobs": [dense(row) for row in (c.get("prompt_logprobs") or [])[1:]],
+            "decode_logprobs": [dense(row) for row in c["logprobs"]["top_logprobs"]],
+        })  # fmt: skip
+    return seqs
 
 
 def start_ouro_server(root: Path, hf_overrides: dict[str, Any] | None = None, extra_env: dict[str, str] | None = None,
                       weights: bool = True) -> Any:  # fmt: skip
     """Build the tiny Ouro (``total_ut_steps`` 4) under ``root`` and serve it as
-    ``vllm_fixtures.start_server`` serves the tiny Llama (same flags and environment, the
-    rltperf probe on), plus ``--hf-overrides`` and, without weights, ``--load-format dummy``."""
+    ``vllm_fixtures.serve`` serves the tiny Llama (same flags and environment, the
+    rltperf probe on), plus ``--max-logprobs`` of the whole vocabulary (for
+    ``served_decode_logprobs``), ``--hf-overrides`` and, without weights, ``--load-format dummy``."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from vllm_fixtures import MODEL_NAME, ROOT, free_port, launch
+    from vllm_fixtures import serve
 
     model = build(root / "model", total_ut_steps=4, weights=weights)
-    prof, tmp = root / "prof", root / "tmp"
-    prof.mkdir()
-    tmp.mkdir()
-    port, probe = free_port(), f"127.0.0.1:{free_port()}"
-    env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", VLLM_CPU_KVCACHE_SPACE="1",
-               VLLM_CACHE_ROOT=str(tmp / "vllm-cache"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
-               TMPDIR=str(tmp), RLTPERF_PROBE=probe,
-               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))  # fmt: skip
-    env.update(extra_env or {})
-    profiler_config = {
-        "profiler": "torch",
-        "torch_profiler_dir": str(prof),
-        "torch_profiler_with_stack": False,
-    }
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-        "--max-model-len", "512", "--enforce-eager", "--seed", "0", "--profiler-config", json.dumps(profiler_config),
-    ]  # fmt: skip
+    args = ["--max-logprobs", str(VOCAB * 2)]
     if hf_overrides:
-        cmd += ["--hf-overrides", json.dumps(hf_overrides)]
+        args += ["--hf-overrides", json.dumps(hf_overrides)]
     if not weights:
-        cmd += ["--load-format", "dummy"]
-    return launch(cmd, env, root, port, probe, prof, model)
+        args += ["--load-format", "dummy"]
+    return serve(root, model, args, extra_env)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "logprobs":
-        # python tiny_ouro.py logprobs OUT.json DIR...  (used by test_ouro_model.py)
-        Path(sys.argv[2]).write_text(json.dumps(vllm_prompt_logprobs(sys.argv[3:])))
-    else:
-        print(build(sys.argv[1] if len(sys.argv) > 1 else "tiny-ouro"))
+    print(build(sys.argv[1] if len(sys.argv) > 1 else "tiny-ouro"))

@@ -10,6 +10,7 @@ rltperf plugin runs in its engine core, and waits for ``/health``.  Facts and fl
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -27,7 +28,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-START_TIMEOUT_S = 300.0
+START_TIMEOUT_S = 600.0
+"""A start takes 50-100 s on an idle 2-core machine; one under a load of 27 missed 300 s."""
 MODEL_NAME = "tiny"
 
 
@@ -85,25 +87,83 @@ class Server:
         d = json.loads(path.read_text())
         return cls(None, d["port"], d["probe"], Path(d["profiler_dir"]), Path(d["log"]), Path(d["model"]))
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
+    def terminate(self) -> None:
+        """SIGTERM the server's process group (``stop`` then waits for it)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                return
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group; SIGKILL it after 30 s; return once every
+        process of the group is gone (the API server exits before its engine core does,
+        and the engine core is what removes the plugin's announcement)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.terminate()
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+        if not wait_group_gone(self.proc.pid, 30.0):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            wait_group_gone(self.proc.pid, 10.0)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (not zombie) process is in process group ``pgid`` (Linux ``/proc``)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            return True
+    return False
+
+
+def wait_group_gone(pgid: int, timeout: float) -> bool:
+    """Wait until process group ``pgid`` has no live process; False on timeout."""
+    deadline = time.monotonic() + timeout
+    while group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def start_server(root: Path, extra_env: dict[str, str] | None = None) -> Server:
-    """Build the tiny model under ``root`` and start a server (see the module docstring)."""
+    """Build the tiny Llama under ``root`` and serve it (``serve``: see the module docstring)."""
     sys.path.insert(0, str(Path(__file__).parent))
     import tiny_model
 
-    model = tiny_model.build(root / "model")
+    return serve(root, tiny_model.build(root / "model"), extra_env=extra_env)
+
+
+def serve(
+    root: Path, model: Path, extra_args: list[str] | None = None, extra_env: dict[str, str] | None = None
+) -> Server:
+    """Serve the model directory ``model`` as the tests do, from the scratch folder ``root``.
+
+    Flags: ``--enforce-eager`` (fastest start), ``--profiler-config`` into ``root/prof``
+    (no stacks: captures are quick), ``--enable-mfu-metrics`` (vLLM's byte and FLOP
+    estimates), ``--enable-logging-iteration-details`` (vLLM logs ``Iteration(N)`` per
+    step), ``--seed 0``, float32, 512 tokens of context, served as ``MODEL_NAME``; the
+    rltperf plugin's probe on a free port (``RLTPERF_PROBE``); every cache and temporary
+    file under ``root``.  ``extra_args`` are appended (``--hf-overrides``, ``--load-format``...)."""
     prof = root / "prof"
     prof.mkdir()
     tmp = root / "tmp"
@@ -130,8 +190,9 @@ def start_server(root: Path, extra_env: dict[str, str] | None = None) -> Server:
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-        "--max-model-len", "512", "--enforce-eager", "--enable-mfu-metrics", "--enable-logging-iteration-details",
-        "--profiler-config", json.dumps(profiler_config),
+        "--max-model-len", "512", "--enforce-eager", "--seed", "0", "--enable-mfu-metrics",
+        "--enable-logging-iteration-details", "--profiler-config", json.dumps(profiler_config),
+        *(extra_args or []),
     ]  # fmt: skip
     return launch(cmd, env, root, port, probe, prof, model)
 
@@ -142,9 +203,8 @@ def launch(
     """Start the server ``cmd`` (its log in ``root/server.log``) and wait for /health."""
     log_path = root / "server.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root), start_new_session=True
-        )
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root),
+                                start_new_session=True, preexec_fn=_stop_with_parent)  # fmt: skip
     server = Server(proc, port, probe, prof, log_path, model)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -161,6 +221,16 @@ def launch(
     raise RuntimeError(
         f"vLLM did not answer /health within {START_TIMEOUT_S:.0f} s:\n{server.log_text()[-3000:]}"
     )
+
+
+def _stop_with_parent() -> None:
+    """In the server's process, before it runs: SIGTERM it when the process that started
+    it dies, however it dies (a test run killed with SIGKILL leaves no server behind).
+    Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
 _ITERATION = re.compile(r"Iteration\((\d+)\)")

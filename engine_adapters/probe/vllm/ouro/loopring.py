@@ -7,21 +7,31 @@ writes one fixed-size record per forward into a small ring in a file under
 records that started inside the step it is closing.  A write is a few numpy stores, a
 read a few loads: no system call, no lock, no copy of tensors.
 
+**One ring per worker.**  With tensor or pipeline parallelism an engine core drives
+several workers, and with data parallelism a server runs several engine cores: each
+worker writes its own ring, ``<base>-dp<D>-pp<P>-tp<T>.ring`` (``rank_path``), and each
+engine core reads the rings of its own workers.  The file is allocated in full when it
+is created (``os.posix_fallocate``): a full ``/dev/shm`` is then an ``OSError`` at
+creation (the model records nothing and says why) rather than a SIGBUS at the first
+store into a page the filesystem cannot back.
+
 File: ``HEADER`` int64 words (magic, version, sequence of the last complete record,
 slots, slot words, max depth), then ``SLOTS`` slots.  Slot words: sequence, start ns,
 end ns (host monotonic, same clock in every process), tokens, output rows, passes run,
-logits ns (the LM head, added by ``compute_logits``), then ``MAX_DEPTH`` each of pass
+logits ns (the LM head, added by ``compute_logits``), collective wait ns (time inside
+tensor-parallel all-reduces, -1 when not measured), then ``MAX_DEPTH`` each of pass
 time ns, tokens per pass and exits per depth.  The writer fills a slot, then stores its
 sequence number in the slot and last in the header; the reader checks the slot's
 sequence before and after copying it (a torn read is dropped).
 
-The path is ``RLTPERF_LOOP_RING`` (set by ``plugin.register`` in the first vLLM process,
-inherited by the engine core and its workers).  ``RLTPERF_LOOP_TIMING=0`` turns the
+The base path is ``RLTPERF_LOOP_RING`` (set by ``plugin.register`` in the first vLLM
+process, inherited by the engine cores and their workers).  ``RLTPERF_LOOP_TIMING=0`` turns the
 writer off (the model then records nothing; used to measure its cost).
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import tempfile
@@ -35,13 +45,13 @@ ENV_RING = "RLTPERF_LOOP_RING"
 ENV_TIMING = "RLTPERF_LOOP_TIMING"
 """``0`` turns the model's per-loop timing off (default on when the probe is enabled)."""
 MAGIC = 0x524C5450_4C4F4F50  # "RLTPLOOP"
-VERSION = 1
+VERSION = 2
 HEADER = 8
 SLOTS = 256
 MAX_DEPTH = 64
-_FIXED = 7
+_FIXED = 8
 SLOT_WORDS = _FIXED + 3 * MAX_DEPTH
-_SEQ, _T0, _T1, _TOK, _ROWS, _PASSES, _LOGITS = range(_FIXED)
+_SEQ, _T0, _T1, _TOK, _ROWS, _PASSES, _LOGITS, _WAIT = range(_FIXED)
 
 
 def default_path() -> str:
@@ -50,6 +60,12 @@ def default_path() -> str:
         "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
     )
     return os.path.join(base, f"rltperf-loops-{os.getpid()}.ring")
+
+
+def rank_path(base: str, dp: int, pp: int, tp: int) -> str:
+    """The ring of one worker: ``base`` (``RLTPERF_LOOP_RING``) with its ranks in the name."""
+    stem = base[: -len(".ring")] if base.endswith(".ring") else base
+    return f"{stem}-dp{dp}-pp{pp}-tp{tp}.ring"
 
 
 def _words() -> int:
@@ -66,19 +82,31 @@ class LoopRecord:
     rows: int
     passes: int
     logits_ns: int
+    wait_ns: int | None
     loop_ns: list[int]
     loop_tokens: list[int]
     exit_hist: list[int]
 
 
 class RingWriter:
-    """The model's side: creates (truncates) the ring file and appends records."""
+    """The model's side: creates (truncates) the ring file and appends records.
+
+    Raises ``OSError`` when the file cannot be created or fully allocated (a full
+    ``/dev/shm``); nothing is left behind then."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        size = _words() * 8
         with open(path, "w+b") as f:
-            f.truncate(_words() * 8)
-            self._map = mmap.mmap(f.fileno(), _words() * 8)
+            try:
+                f.truncate(size)
+                # every page backed now: a store into the mapping can never SIGBUS later
+                os.posix_fallocate(f.fileno(), 0, size)
+                self._map = mmap.mmap(f.fileno(), size)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                raise
         # a plain ndarray over the mapping (np.memmap's per-slice objects cost µs per store)
         self.mm: Any = np.frombuffer(self._map, dtype=np.int64)
         self.mm[1:6] = (VERSION, 0, SLOTS, SLOT_WORDS, MAX_DEPTH)
@@ -88,14 +116,17 @@ class RingWriter:
 
     def write(
         self, start_ns: int, end_ns: int, tokens: int, rows: int, loop_ns: Any, loop_tokens: Any, exit_hist: Any,
+        wait_ns: int = -1,
     ) -> None:  # fmt: skip
-        """Append one forward's record (the per-depth arguments: sequences of ints or int arrays)."""
+        """Append one forward's record (the per-depth arguments: sequences of ints or int
+        arrays; ``wait_ns`` -1: collective wait not measured)."""
         seq = self.seq + 1
         off = HEADER + (seq % SLOTS) * SLOT_WORDS
         b = self.buf
         n = min(len(loop_ns), MAX_DEPTH)
         b[_SEQ] = seq
         b[_T0], b[_T1], b[_TOK], b[_ROWS], b[_PASSES], b[_LOGITS] = start_ns, end_ns, tokens, rows, n, 0
+        b[_WAIT] = wait_ns
         f = _FIXED
         b[f : f + n] = loop_ns[:n]
         b[f + MAX_DEPTH : f + MAX_DEPTH + n] = loop_tokens[:n]
@@ -175,6 +206,7 @@ class RingReader:
                     rows=int(s[_ROWS]),
                     passes=n,
                     logits_ns=int(s[_LOGITS]),
+                    wait_ns=int(s[_WAIT]) if int(s[_WAIT]) >= 0 else None,
                     loop_ns=[int(v) for v in s[b : b + n]],
                     loop_tokens=[int(v) for v in s[b + MAX_DEPTH : b + MAX_DEPTH + n]],
                     exit_hist=[int(v) for v in s[b + 2 * MAX_DEPTH : b + 2 * MAX_DEPTH + n]],

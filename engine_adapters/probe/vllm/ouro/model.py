@@ -26,12 +26,16 @@ passes; the KV of skipped passes would need a copy or shared-KV policy), Ouro's
 parallelism, LoRA, quantised checkpoints beyond what vLLM's linear layers load.
 
 Not compiled (no ``support_torch_compile``): the forward runs eagerly so each pass is
-its own ``loop[t]`` profiler range and can be timed.  Per-pass timing, tokens per pass
-and the exit histogram of the output rows go to ``loopring`` when the rltperf probe is
-enabled (``RLTPERF_PROBE``; off with ``RLTPERF_LOOP_TIMING=0``).  On CUDA the pass
-boundaries are CUDA events resolved a few forwards later (never a synchronisation);
-while a CUDA graph is being captured nothing is recorded, so under CUDA graphs per-pass
-timing and exits are n/a (serve with ``--enforce-eager`` to see them).  The exit
+its own ``loop[t]`` profiler range and can be timed.  Per-pass timing, tokens per pass,
+the exit histogram of the output rows and the time in tensor-parallel all-reduces go,
+per worker, to that worker's ``loopring`` through ``recorder.LoopRecorder`` when the
+rltperf probe is enabled (``RLTPERF_PROBE``; off with ``RLTPERF_LOOP_TIMING=0``); every
+recorder call is guarded, so a failure stops recording, never the forward.  The
+all-reduces of ``o_proj`` and ``down_proj`` are the model's own call
+(``reduce_results=False`` and ``recorder.CollectiveTimer``: the same sum, timed).  On
+CUDA the pass boundaries are CUDA events resolved a few forwards later (never a
+synchronisation); while a CUDA graph is being captured nothing is recorded, so under
+CUDA graphs per-pass timing and exits are n/a (serve with ``--enforce-eager`` to see them).  The exit
 histogram counts, per forward, each request's last scheduled token (the row that gets
 logits): a chunk of a long prompt split by chunked prefill, which produces no token, is
 counted too.
@@ -39,17 +43,21 @@ counted too.
 
 from __future__ import annotations
 
+import logging
 import os
-from collections import deque
 from collections.abc import Iterable
 from time import perf_counter_ns as _clk
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.distributed import (
+    get_pp_group,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -61,6 +69,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.utils import maybe_prefix
 
 from engine_adapters.probe.vllm.ouro import loopring
+from engine_adapters.probe.vllm.ouro.recorder import CollectiveTimer, LoopRecorder
 
 _STACKED = (
     (".qkv_proj", ".q_proj", "q"),
@@ -83,8 +92,9 @@ def exit_threshold(config: Any) -> float | None:
 class OuroAttention(nn.Module):
     """QKV/O projections and RoPE of one physical layer; the attention op is per pass."""
 
-    def __init__(self, config: Any, quant_config: Any, prefix: str) -> None:
+    def __init__(self, config: Any, quant_config: Any, prefix: str, comm: CollectiveTimer) -> None:
         super().__init__()
+        self.comm = comm
         tp = get_tensor_model_parallel_world_size()
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -97,9 +107,10 @@ class OuroAttention(nn.Module):
             config.hidden_size, self.head_dim, heads, kv_heads, bias=False, quant_config=quant_config,
             prefix=f"{prefix}.qkv_proj",
         )  # fmt: skip
+        # the all-reduce is ours (``comm``), so each rank's wait in it can be timed
         self.o_proj = RowParallelLinear(
             heads * self.head_dim, config.hidden_size, bias=False, quant_config=quant_config,
-            prefix=f"{prefix}.o_proj",
+            prefix=f"{prefix}.o_proj", reduce_results=False,
         )  # fmt: skip
         self.rotary_emb = get_rope(
             self.head_dim, max_position=config.max_position_embeddings, is_neox_style=True,
@@ -111,14 +122,15 @@ class OuroAttention(nn.Module):
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
         out, _ = self.o_proj(attn(q, k, v))
-        return out
+        return self.comm(out)
 
 
 class OuroMLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
 
-    def __init__(self, config: Any, quant_config: Any, prefix: str) -> None:
+    def __init__(self, config: Any, quant_config: Any, prefix: str, comm: CollectiveTimer) -> None:
         super().__init__()
+        self.comm = comm
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"Ouro: hidden_act {config.hidden_act!r} is not supported (silu only)")
         self.gate_up_proj = MergedColumnParallelLinear(
@@ -127,24 +139,24 @@ class OuroMLP(nn.Module):
         )  # fmt: skip
         self.down_proj = RowParallelLinear(
             config.intermediate_size, config.hidden_size, bias=False, quant_config=quant_config,
-            prefix=f"{prefix}.down_proj",
+            prefix=f"{prefix}.down_proj", reduce_results=False,
         )  # fmt: skip
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gu, _ = self.gate_up_proj(x)
         out, _ = self.down_proj(self.act_fn(gu))
-        return out
+        return self.comm(out)
 
 
 class OuroDecoderLayer(nn.Module):
     """One physical layer: sandwich norms around attention and around the MLP."""
 
-    def __init__(self, config: Any, quant_config: Any, prefix: str) -> None:
+    def __init__(self, config: Any, quant_config: Any, prefix: str, comm: CollectiveTimer) -> None:
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
-        self.self_attn = OuroAttention(config, quant_config, f"{prefix}.self_attn")
-        self.mlp = OuroMLP(config, quant_config, f"{prefix}.mlp")
+        self.self_attn = OuroAttention(config, quant_config, f"{prefix}.self_attn", comm)
+        self.mlp = OuroMLP(config, quant_config, f"{prefix}.mlp", comm)
         self.input_layernorm = RMSNorm(h, eps=eps)
         self.input_layernorm_2 = RMSNorm(h, eps=eps)
         self.post_attention_layernorm = RMSNorm(h, eps=eps)
@@ -175,88 +187,33 @@ def _query_start_loc() -> Any:
         return None
 
 
-class LoopRecorder:
-    """Times each pass and counts exits into ``loopring`` (see the module docstring)."""
-
-    def __init__(self, writer: loopring.RingWriter, passes: int, device: torch.device) -> None:
-        self.writer = writer
-        self.passes = passes
-        self.cuda = device.type == "cuda"
-        self.stamps = [0] * (passes + 1)
-        self.events: list[Any] = []
-        self.pending: deque[tuple[Any, ...]] = deque()
-        self.t_start = 0
-        self.n = 0
-        self.active = False
-
-    def begin(self, n_tokens: int) -> None:
-        self.n = n_tokens
-        self.active = not (self.cuda and torch.cuda.is_current_stream_capturing())
-        if not self.active:
-            return
-        self.t_start = _clk()
-        if self.cuda:
-            self._resolve()
-            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(self.passes + 1)]
-            self.events[0].record()
-        else:
-            self.stamps[0] = self.t_start
-
-    def mark(self, t: int) -> None:
-        if not self.active:
-            return
-        if self.cuda:
-            self.events[t + 1].record()
-        else:
-            self.stamps[t + 1] = _clk()
-
-    def end(self, depth: torch.Tensor | None) -> None:
-        """After the last pass: the exit histogram of the rows that get logits (each
-        request's last token), and the record.  ``depth`` None: every token ran to the end."""
-        if not self.active:
-            return
-        T = self.passes
-        qsl = _query_start_loc()
-        n_rows = int(qsl.numel()) - 1 if qsl is not None else 0
-        if self.cuda:
-            hist_t = None
-            if depth is not None and qsl is not None and n_rows:
-                rows = (qsl[1:] - 1).to(device=depth.device, dtype=torch.long)
-                hist_t = torch.bincount(depth.index_select(0, rows), minlength=T + 1)[1 : T + 1]
-            host = hist_t.to("cpu", non_blocking=True) if hist_t is not None else None
-            done = torch.cuda.Event()
-            done.record()
-            self.pending.append((self.t_start, self.n, n_rows, self.events, host, done))
-            if len(self.pending) > 64:
-                self.pending.popleft()
-            return
-        s = self.stamps
-        loop_ns = [s[t + 1] - s[t] for t in range(T)]
-        if depth is not None and n_rows:
-            # CPU tensors: numpy views, no copies (a few µs, not torch's per-op overhead)
-            hist: Any = np.bincount(depth.numpy()[qsl.numpy()[1:] - 1], minlength=T + 1)[1 : T + 1]
-        else:
-            hist = [0] * (T - 1) + [n_rows]
-        self.writer.write(self.t_start, _clk(), self.n, n_rows, loop_ns, [self.n] * T, hist)
-
-    def _resolve(self) -> None:
-        while self.pending and self.pending[0][5].query():
-            t0, n, n_rows, evs, host, _ = self.pending.popleft()
-            loop_ns = [int(evs[t].elapsed_time(evs[t + 1]) * 1e6) for t in range(self.passes)]
-            hist = host.tolist() if host is not None else [0] * (self.passes - 1) + [n_rows]
-            self.writer.write(t0, t0 + sum(loop_ns), n, n_rows, loop_ns, [n] * self.passes, hist)
-
-
-def _make_recorder(passes: int, device: torch.device) -> LoopRecorder | None:
+def _make_recorder(passes: int, vllm_config: VllmConfig, comm: CollectiveTimer) -> LoopRecorder | None:
+    """This worker's recorder, writing its own ring (``loopring.rank_path``), or None when
+    the probe is off, timing is off, or the ring cannot be created (said in the log)."""
     if not os.environ.get("RLTPERF_PROBE") or os.environ.get(loopring.ENV_TIMING, "1") == "0":
         return None
-    path = os.environ.get(loopring.ENV_RING)
-    if not path:
+    base = os.environ.get(loopring.ENV_RING)
+    if not base:
         return None
+    from engine_adapters.definitions.ranks import rank_name, worker_tag
+    from engine_adapters.probe.vllm import faults
+    from engine_adapters.probe.vllm.engine_facts import dp_index
+
+    pc = vllm_config.parallel_config
+    tp, pp = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
+    dp = dp_index(pc)
+    rank = rank_name(dp, worker_tag(tp, pp, pc.pipeline_parallel_size))
+    path = loopring.rank_path(base, dp, pp, tp)
     try:
-        return LoopRecorder(loopring.RingWriter(path), passes, device)
-    except OSError:
+        writer = loopring.RingWriter(path)
+    except OSError as exc:  # e.g. a full /dev/shm: no recording, vLLM serves on
+        logging.getLogger("vllm.rltperf").warning(
+            "rltperf: no Ouro loop recording on %s: cannot create its ring %s (%s)", rank, path, exc
+        )
         return None
+    device = torch.device(vllm_config.device_config.device or "cpu")
+    return LoopRecorder(writer, passes, device, rank=rank, comm=comm, faults=faults.for_rank(rank),
+                        slow_ms=faults.slow_ms(rank))  # fmt: skip
 
 
 class OuroModel(nn.Module):
@@ -270,11 +227,16 @@ class OuroModel(nn.Module):
         self.passes = int(getattr(config, "total_ut_steps", 1) or 1)
         self.threshold = exit_threshold(config)
         n_layers = config.num_hidden_layers
+        tp_size = get_tensor_model_parallel_world_size()
+        self.comm = CollectiveTimer(tensor_model_parallel_all_reduce if tp_size > 1 else None)
         self.embed_tokens = VocabParallelEmbedding(
             config.vocab_size, config.hidden_size, quant_config=quant_config, prefix=f"{prefix}.embed_tokens"
         )
         self.layers = nn.ModuleList(
-            [OuroDecoderLayer(config, quant_config, f"{prefix}.layers.{i}") for i in range(n_layers)]
+            [
+                OuroDecoderLayer(config, quant_config, f"{prefix}.layers.{i}", self.comm)
+                for i in range(n_layers)
+            ]
         )
         a: Any = self.layers[0].self_attn
         # one Attention (one KV cache) per (pass, layer); the name holds one integer t*L+i
@@ -287,7 +249,7 @@ class OuroModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.early_exit_gate = nn.Linear(config.hidden_size, 1, bias=True)
         # created now, before the engine core's tap opens the ring
-        self.recorder = _make_recorder(self.passes, torch.device(vllm_config.device_config.device or "cpu"))
+        self.recorder = _make_recorder(self.passes, vllm_config, self.comm)
 
     @staticmethod
     def _attention(a: OuroAttention, cache_config: Any, quant_config: Any, prefix: str) -> Attention:
@@ -335,14 +297,7 @@ class OuroModel(nn.Module):
             if rec is not None:
                 rec.mark(t)
         if rec is not None:
-            try:
-                rec.end(depth)
-            except Exception as exc:  # bookkeeping never breaks serving: stop recording
-                self.recorder = None
-                import logging
-
-                logging.getLogger("vllm.rltperf").warning("rltperf: Ouro loop recording stopped (%s: %s)",
-                                                          type(exc).__name__, exc)  # fmt: skip
+            rec.end(depth, _query_start_loc())  # guarded inside: a failure stops recording only
         return selected if depth is not None else h
 
 
@@ -378,11 +333,11 @@ class OuroForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         rec = self.model.recorder
-        if rec is None or rec.cuda:
+        if rec is None or rec.cuda or rec.dead:
             return self.logits_processor(self.lm_head, hidden_states)
         t0 = _clk()
         logits = self.logits_processor(self.lm_head, hidden_states)
-        rec.writer.add_logits(_clk() - t0)
+        rec.add_logits(_clk() - t0)  # guarded inside
         return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

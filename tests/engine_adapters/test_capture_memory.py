@@ -1,0 +1,73 @@
+"""Repeated captures must not grow the engine's memory (issue 20 §2).
+
+The reference engine (tiny preset, CPU, closed:4) in a subprocess, sequential ops
+captures through a real probe socket, its RSS read from ``/proc`` after each capture's
+export (``rltperf bench capture``'s memory run).  Before the fix every capture left its
+profiler results behind (~8 MB for 4 steps, ~16 MB for 8): ``torch.profiler.profile``
+refers to itself, so only a full pass of the cyclic garbage collector, rare in a
+long-running engine, freed them.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from rltperf_tui.bench import capture as bench
+
+pytestmark = pytest.mark.slow
+
+
+def test_repeated_captures_leave_the_engine_rss_flat() -> None:
+    args = argparse.Namespace(
+        target=None, workload="closed:4", steps=4, repeats=1, modes="", token=None, pid=None,
+        rss_captures=7, rss_warmup=2, rss_mode="ops",
+    )  # fmt: skip
+    r = bench.run(args)
+    rss = r["rss"]
+    print(rss)
+    assert r["ok"] and not rss["failed"], rss
+    assert rss["source"].startswith("/proc/") and None not in rss["rss_mb"], rss
+    # Memory, not time: after 2 warm-up captures, the next 5 may grow RSS by at most
+    # 1 MB each beyond what the engine grew by itself over as long without captures
+    # (the goal: 10 captures, 10 MB).  Before the fix: ~+8 MB per capture.
+    assert rss["net_per_capture_mb"] <= 1.0, rss
+
+
+def test_a_stopped_profiler_frees_its_results_only_when_released() -> None:
+    """The cause, in this process: a stopped ``torch.profiler.profile`` dropped by its
+    last holder keeps its results (its ``action_map`` refers to its own methods) until
+    the cyclic collector runs; ``release_results`` frees them at once."""
+    import gc
+    import weakref
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine_adapters.probe.export import release_results
+
+    def stopped() -> profile:
+        p = profile(activities=[ProfilerActivity.CPU])
+        p.start()
+        torch.randn(8, 8) @ torch.randn(8, 8)
+        p.stop()
+        return p
+
+    was = gc.isenabled()
+    gc.disable()  # no collection may run between the drop and the check
+    try:
+        p = stopped()
+        results = weakref.ref(p.profiler)
+        del p
+        assert results() is not None, "torch no longer keeps a stopped profile in a cycle"
+        gc.collect()
+        assert results() is None
+        p = stopped()
+        results = weakref.ref(p.profiler)
+        assert release_results(p) is True
+        assert results() is None
+        del p
+    finally:
+        if was:
+            gc.enable()

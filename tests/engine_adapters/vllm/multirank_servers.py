@@ -1,0 +1,99 @@
+"""A real multi-rank vLLM server for the tests: the tiny Ouro (RANDOM WEIGHTS) with TP 2 or DP 2.
+
+``start(root, layout)`` builds the tiny Ouro (``tiny_ouro.build``: total_ut_steps 4,
+random safetensors whose gate spreads exits; the threshold 0.6 set with
+``--hf-overrides``) and serves it as ``tiny_ouro.start_ouro_server`` does, plus the
+layout flags (``--tensor-parallel-size 2`` or ``--data-parallel-size 2``) and
+``VLLM_CPU_OMP_THREADS_BIND="0|1"`` (one core per rank; vLLM refuses two CPU workers
+on this machine's one NUMA node without it).  The rltperf probe is on, its announcements
+go to a runtime directory of the test's own (``RLTPERF_RUNTIME_DIR``), and its fault
+injection directory is ``root/faults`` (``engine_adapters/probe/vllm/faults.py``).
+About 4.5 GB and 100-140 s per start on 2 cores; the first ~40 s after ``/health`` of a
+TP 2 server are slow (warm-up).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tiny_ouro
+from vllm_fixtures import MODEL_NAME, ROOT, Server, free_port, launch
+
+from engine_adapters.monitor.vllm.metrics import parse_scrape
+
+PASSES = 4
+LAYERS = tiny_ouro.LAYERS
+THRESHOLD = 0.6
+
+
+def start(root: Path, layout: list[str], extra_env: dict[str, str] | None = None) -> Server:
+    """Build the tiny Ouro under ``root`` and serve it with ``layout`` (see the module docstring)."""
+    model = tiny_ouro.build(root / "model", total_ut_steps=PASSES)
+    prof, tmp, faults, run = root / "prof", root / "tmp", root / "faults", root / "run"
+    for d in (prof, tmp, faults):
+        d.mkdir()  # (``run`` is made by the plugin: 0700, or it announces nothing)
+    port, probe = free_port(), f"127.0.0.1:{free_port()}"
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_CACHE_ROOT=str(tmp / "vllm-cache"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
+               TMPDIR=str(tmp), RLTPERF_PROBE=probe, VLLM_CPU_OMP_THREADS_BIND="0|1",
+               RLTPERF_RUNTIME_DIR=str(run), RLTPERF_INJECT_FAULTS=str(faults),
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))  # fmt: skip
+    env.update(extra_env or {})
+    profiler_config = {
+        "profiler": "torch",
+        "torch_profiler_dir": str(prof),
+        "torch_profiler_with_stack": False,
+    }
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+        "--max-model-len", "512", "--enforce-eager", "--seed", "0", "--profiler-config", json.dumps(profiler_config),
+        "--hf-overrides", json.dumps({"early_exit_threshold": THRESHOLD}), *layout,
+    ]  # fmt: skip
+    return launch(cmd, env, root, port, probe, prof, model)
+
+
+def generated(server: Server, engine: str | None = None) -> float:
+    """vLLM's own count of generated tokens (``vllm:generation_tokens_total``), of one
+    engine (its ``engine`` label) or of them all."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+        body = r.read().decode()
+    return parse_scrape(body, 0, engine).counters.get("vllm:generation_tokens_total", 0.0)
+
+
+def cli_env(server: Server) -> dict[str, str]:
+    """The environment of an rltperf command that reads this server's announcements."""
+    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                RLTPERF_RUNTIME_DIR=str(server.log_path.parent / "run"))  # fmt: skip
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``cond`` until it holds (a monitor started in a subprocess may take seconds on
+    a loaded 2-core machine: the load must not start before it watches)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.1)
+
+
+def read_lines(stream: IO[str], into: list[str]) -> threading.Thread:
+    """Collect ``stream``'s lines into ``into`` in a thread (the caller waits on them)."""
+
+    def run() -> None:
+        for line in stream:
+            into.append(line)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t

@@ -1,0 +1,128 @@
+"""The shared-server plugin itself (``vllm_servers.py``), run in a child pytest.
+
+Grouping, one start per kind and the stop after the last user are checked with two
+FAKE kinds (a few lines of ``http.server`` answering ``/metrics`` as an idle vLLM
+does): a real start costs a minute, and what is under test is the plugin's
+bookkeeping, not vLLM.  The CI switch is checked on a test marked ``vllm`` that skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+
+
+def _pytest(d: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]))
+    e.pop("RLTPERF_REQUIRE_VLLM", None)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "vllm_servers", "-p", "no:cacheprovider", "-q",
+                           "-rA", *args], cwd=d, env=e, capture_output=True, text=True, timeout=180)  # fmt: skip
+
+
+def test_a_vllm_test_that_skips_fails_under_the_ci_switch(tmp_path: Path) -> None:
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.vllm\n"
+        "def test_needs_vllm():\n"
+        "    pytest.skip('vllm is not installed')\n"
+        "def test_other():\n"
+        "    pytest.skip('not a vLLM test')\n"
+    )
+    (tmp_path / "test_whole.py").write_text(
+        "import pytest\npytest.skip('whole module', allow_module_level=True)\n"
+    )
+    plain = _pytest(tmp_path)
+    assert plain.returncode == 0 and "3 skipped" in plain.stdout, plain.stdout
+    strict = _pytest(tmp_path, "test_x.py", env={"RLTPERF_REQUIRE_VLLM": "1"})
+    assert strict.returncode == 1 and "1 failed, 1 skipped" in strict.stdout, strict.stdout
+    assert "RLTPERF_REQUIRE_VLLM=1 and this vLLM test skipped: vllm is not installed" in strict.stdout
+    assert "SKIPPED [1] test_x.py" in strict.stdout  # a test not marked vllm may still skip
+    # a module skipped whole at collection is a collection error (CI has everything installed)
+    whole = _pytest(tmp_path, "test_whole.py", env={"RLTPERF_REQUIRE_VLLM": "1"})
+    assert whole.returncode == 2, whole.stdout
+    assert "RLTPERF_REQUIRE_VLLM=1 and test_whole.py skipped whole: whole module" in whole.stdout
+
+
+_CONFTEST = '''
+import json, os, socket, subprocess, sys, time
+from pathlib import Path
+from vllm_fixtures import Server, free_port
+from vllm_servers import server_kind
+
+FAKE = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b'vllm:num_requests_running{engine="0"} 0.0\\\\nvllm:num_requests_waiting{engine="0"} 0.0\\\\n'
+        self.send_response(200); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+def fake(root):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", FAKE, str(port)], start_new_session=True)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return Server(proc, port, "", root, root / "log", root)
+
+fake_a = server_kind("fake_a", fake, "a FAKE kind")
+fake_b = server_kind("fake_b", fake, "another FAKE kind")
+
+def pytest_runtest_call(item):
+    with open(os.environ["TRACE"], "a") as f:
+        f.write(json.dumps([item.name]) + "\\n")
+'''
+
+_TESTS = {
+    "test_1.py": "def test_b1(fake_b):\n    track('b1', b=fake_b)\n",
+    "test_2.py": "def test_plain():\n    track('plain')\n",
+    "test_3.py": "def test_ab(fake_a, fake_b):\n    track('ab', a=fake_a, b=fake_b)\n",
+    "test_4.py": "def test_a1(fake_a):\n    track('a1', a=fake_a)\ndef test_a2(fake_a):\n    track('a2', a=fake_a)\n",
+}
+_TRACK = """
+import json, os, time
+def running(pid):  # not yet signalled to death: (the pool reaps its servers in the background)
+    time.sleep(0.5)
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+def track(name, **servers):
+    path = os.environ["TRACE"] + ".servers"
+    seen = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+    alive = sorted({p for _, pids, _ in seen for p in pids.values() if running(p)})
+    with open(path, "a") as f:
+        f.write(json.dumps([name, {k: s.proc.pid for k, s in servers.items()}, alive]) + "\\n")
+"""
+
+
+def test_kinds_run_grouped_once_each_and_stop_after_their_last_user(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(_CONFTEST)
+    for name, body in _TESTS.items():
+        (tmp_path / name).write_text(_TRACK + body)
+    trace = tmp_path / "trace.jsonl"
+    p = _pytest(tmp_path, env={"TRACE": str(trace)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    order = [json.loads(line)[0] for line in trace.read_text().splitlines()]
+    # plain tests first, then by kind in registration order: a alone, a and b, b alone
+    assert order == ["test_plain", "test_a1", "test_a2", "test_ab", "test_b1"], order
+    seen = [json.loads(line) for line in (tmp_path / "trace.jsonl.servers").read_text().splitlines()]
+    pids = {k: {s[1][k] for s in seen if k in s[1]} for k in ("a", "b")}
+    assert all(len(v) == 1 for v in pids.values()), pids  # one start per kind
+    assert "shared vLLM servers started: fake_a x1, fake_b x1" in p.stdout
+    last = seen[-1]  # test_b1: fake_a's last user (test_ab) is done, so fake_a is stopped
+    assert last[0] == "b1" and last[2] == sorted(pids["b"]), last
+    for pid in (*pids["a"], *pids["b"]):  # stopped, process group and all
+        assert not Path(f"/proc/{pid}").exists()
