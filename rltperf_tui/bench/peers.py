@@ -3,7 +3,7 @@
 Each monitor runs as a person runs it: its own command line in a detached tmux session
 of ``--size`` cells (default 160x48), all attached to the same ``vllm+http://`` target at
 the same time.  After ``--warmup`` seconds (imports, first scrapes, a full trend window)
-each process's CPU time is read from ``/proc/PID/stat`` (user + system, all threads),
+each process's CPU time is read from ``/proc`` (the scheduler's run time of all its threads),
 again ``--duration`` seconds later; CPU time over wall time is its fraction of one core.
 RSS is ``/proc/PID/status`` ``VmRSS`` at the end of the round.  ``--rounds`` rounds start
 every monitor afresh (the order of the panes rotates); the figures are medians over the
@@ -21,6 +21,7 @@ period.  Needs ``tmux`` and Linux ``/proc``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import shutil
@@ -65,10 +66,24 @@ class Monitor:
 
 
 def _proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads), from ``/proc``."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of process ``pid`` so far, all its threads: the scheduler's own run time
+    (``/proc/PID/task/*/schedstat``, nanoseconds), else user + system clock ticks.
+
+    Ticks are sampled: a process that wakes briefly a few times a second is charged a
+    10 ms tick or nothing, by chance (vllm-htop read 0.64 % by ticks, 0.51 % by run time,
+    in the same 45 s)."""
+    tids = os.listdir(f"/proc/{pid}/task")  # FileNotFoundError: the monitor ended
+    try:
+        total = 0
+        for tid in tids:
+            # a thread that ended meanwhile is left out
+            with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        return total / 1e9
+    except (PermissionError, ValueError, IndexError):  # no schedstat here: the ticks
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _proc_rss_mb(pid: int) -> float:
@@ -80,7 +95,17 @@ def _proc_rss_mb(pid: int) -> float:
 
 
 def _tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+    # tmux starts its server with the first session and ends it with the last: a session
+    # started while the previous server is still ending fails ("server exited
+    # unexpectedly"), so a failed command is tried once more
+    for attempt in range(2):
+        p = subprocess.run(["tmux", *args], capture_output=True, text=True)
+        if p.returncode == 0 or attempt:
+            break
+        time.sleep(0.5)
+    if p.returncode:
+        raise RuntimeError(f"tmux {' '.join(args[:3])}: {p.stderr.strip() or p.returncode}")
+    return p.stdout
 
 
 def _start(session: str, m: Monitor, cols: int, rows: int) -> int:
@@ -191,7 +216,7 @@ def print_text(r: dict[str, Any]) -> None:
         print(f"not measured: {r['why']}")
         return
     print(f"{r['target']}: each monitor in its own {r['size']} tmux pane, the same {r['duration_s']:g} s "
-          f"after {r['warmup_s']:g} s, {r['rounds']} round(s); CPU from /proc as a fraction of one core")  # fmt: skip
+          f"after {r['warmup_s']:g} s, {r['rounds']} round(s); CPU (run time from /proc) as a fraction of one core")  # fmt: skip
     for name, m in r["monitors"].items():
         cpus = " ".join(f"{c:.2%}" for c in m["cpu_fraction"])
         med = m["cpu_fraction_median"]

@@ -224,6 +224,7 @@ def test_q_gives_the_shell_back_at_once_with_every_core_busy_and_the_recording_c
         assert os.waitstatus_to_exitcode(status) == 0
         assert took < LOADED_LIMIT_S, f"q took {took:.2f} s to give the shell back with every core busy"
         assert after_q < QUIT_CPU_S, f"leaving took {after_q:.3f} s of CPU"
+        _drain(fd, 1.0, out)  # what it wrote last, still in the pty (until EOF)
         screen = b"".join(out)
         assert screen.rfind(b"\x1b[?1049l") > screen.rfind(b"\x1b[?1049h")  # the alternate screen left
     finally:
