@@ -227,6 +227,12 @@ class TargetStats:
         return self.windows.kept_seconds()
 
     @property
+    def step_free(self) -> bool:
+        """No step and no request has come (a metrics endpoint so far): every step window
+        is empty, whatever the time."""
+        return self.windows.steps.n == 0 and self.windows.reqs.n == 0
+
+    @property
     def quiet_s(self) -> float:
         """Data time since the newest step ended while the engine was between steps
         (0 while steps come, or while a step is running)."""

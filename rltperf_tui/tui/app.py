@@ -294,7 +294,12 @@ class MonitorApp(MonitorActions):
         """This tick's values for ``h``'s panels (the window rules are checked on its window)."""
         st = h.stats
         h.view_size = col.view_size()
-        window = st.window(self.window_s, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms)
+        key = (self.window_s, self.slo_ttft_ms, self.slo_tpot_ms)
+        if st.step_free and h.empty_window is not None and h.empty_window[0] == key:
+            window = h.empty_window[1]
+        else:
+            window = st.window(self.window_s, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms)
+            h.empty_window = (key, window) if st.step_free else None
         silent = self._silent_s(h, now)
         if silent is None:  # a hung target's window is stale
             self._act_on_fires(h, h.check_window(window))

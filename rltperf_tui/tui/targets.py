@@ -27,6 +27,7 @@ from rltperf_tui.live.aggregator import TargetStats
 from rltperf_tui.live.driver import LiveTarget, TargetSpec, clock
 from rltperf_tui.live.triggers import Fire, TriggerSet
 from rltperf_tui.live.view import ViewSize
+from rltperf_tui.live.window_stats import Window
 
 __all__ = [
     "HUNG_AFTER_S",
@@ -79,6 +80,9 @@ class TargetHandle(LiveTarget):
         self.last_heard = time.monotonic()
         """Monitor time the newest batch of this target's records arrived."""
         self.view_size: ViewSize | None = None
+        self.empty_window: tuple[tuple[float, float | None, float | None], Window] | None = None
+        """The window last computed while the target had no step or request (a metrics
+        endpoint), by its parameters: it stays empty, and is not recomputed each tick."""
         """The panel sizes its newest view was computed for."""
 
 

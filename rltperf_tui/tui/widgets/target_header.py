@@ -67,14 +67,16 @@ class TargetHeader(Panel):
         if info is not None and st.scrapes_only:
             _server_config(ln, info, width)
         elif info is not None:
-            loops = info.loop_config or (f"max {info.max_loops}" if info.max_loops else "n/a")
-            ln.add("loops ", "$text-muted").add(loops)
-            ln.add(" · exit ", "$text-muted").add(info.exit_config or "n/a")
-            if info.kv_policy:
-                ln.add(" · KV ", "$text-muted").add(info.kv_policy)
-            ln.add(" · spec ", "$text-muted").add(info.spec_config or "off")
-            if info.workload:
-                ln.add(" · workload ", "$text-muted").add(info.workload)
+            # the engine's hello is all it will say: what it left out is not shown as n/a
+            config: list[tuple[str, str | None]] = [
+                ("loops ", info.loop_config or (f"max {info.max_loops}" if info.max_loops else None)),
+                ("exit ", info.exit_config),
+                ("KV ", info.kv_policy),
+                ("spec ", info.spec_config or "off"),
+                ("workload ", info.workload),
+            ]
+            for i, (label, value) in enumerate((lb, v) for lb, v in config if v):
+                ln.add((" · " if i else "") + label, "$text-muted").add(value or "")
         ln.nl()
         # Headline figures: readable even when the panels below are scrolled away.
         if ctx.silent_s is not None:
