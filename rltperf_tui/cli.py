@@ -13,6 +13,7 @@ import importlib
 import logging
 import sys
 from types import ModuleType
+from typing import NoReturn
 
 from rltperf_tui import __version__
 
@@ -94,13 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    fast = argv is None and getattr(getattr(args, "_module", None), "EXIT_WITHOUT_TEARDOWN", False)
+    # a command may end the process itself once its work is done (the monitor on `q`)
+    args._exit_process = _exit_now if fast else None
     rc = _run(parser, args)
-    if argv is None and getattr(getattr(args, "_module", None), "EXIT_WITHOUT_TEARDOWN", False):
+    if fast:
         _exit_now(rc)
     return rc
 
 
-def _exit_now(rc: int) -> None:
+def _exit_now(rc: int) -> NoReturn:
     """Run the atexit handlers, flush, and leave without the interpreter's teardown.
 
     After ``import torch`` that teardown (destructors of torch's native libraries) takes
@@ -109,7 +113,8 @@ def _exit_now(rc: int) -> None:
     teardown) costs 0.2-0.3 s of CPU, and on a host whose cores are busy serving (a loaded
     vLLM server on 2 cores) it waited 1-11 s for that CPU after the screen was gone
     (measured: ``q`` to exit 3.5-16.6 s).  Everything the command owns is closed by then
-    (sessions, recordings, the demo's engine).
+    (sessions, recordings, the demo's engine).  The monitor calls it itself on ``q``
+    (``args._exit_process``, ``MonitorApp.quit_now``), before Textual's own teardown.
     """
     import atexit
     import os

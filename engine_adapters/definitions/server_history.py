@@ -114,9 +114,21 @@ class ServerTrends:
     lines: dict[str, Trend] = field(default_factory=dict)
 
 
-def server_trends(samples: Sequence[MetricsSample], seconds: float, columns: int) -> ServerTrends | None:
+ColumnCache = dict[tuple[str, int, int, int], tuple[float | None, bool]]
+"""Column values already computed, by (figure, first and last scrape's time, scrapes)."""
+
+
+def server_trends(
+    samples: Sequence[MetricsSample], seconds: float, columns: int, cache: ColumnCache | None = None
+) -> ServerTrends | None:
     """Trend lines over the last ``seconds`` of data time in at most ``columns`` columns
-    (see the module docstring); None without samples."""
+    (see the module docstring); None without samples.
+
+    ``cache`` (kept by the caller between calls) holds the values of columns computed
+    before: a column's value depends only on its scrapes, and from one call to the next
+    all but the newest column hold the same ones (a render tick then computes one column
+    per figure, not the whole line: three histogram P95s a column).  It is left holding
+    this call's columns only."""
     if not samples or columns < 1 or seconds <= 0:
         return None
     lo = samples[-1].ts_ns - int(seconds * 1e9)
@@ -132,14 +144,22 @@ def server_trends(samples: Sequence[MetricsSample], seconds: float, columns: int
     bins = ([win[:cut]] if cut else []) + [win[i : i + per] for i in range(cut, len(win), per)]
     span = sum(m.interval_s for m in win)
     tr = ServerTrends(seconds=seconds, per_column=per, samples=len(win), span_s=span)
+    used: ColumnCache = {}
     for key, label, kind in TREND_FIGURES:
         values: list[float | None] = []
         bounded: list[bool] = []
         for b in bins:
-            v, low = _column_value(key, b)
-            values.append(v)
-            bounded.append(low)
+            ck = (key, b[0].ts_ns, b[-1].ts_ns, len(b))
+            got = cache.get(ck) if cache is not None else None
+            if got is None:
+                got = _column_value(key, b)
+            used[ck] = got
+            values.append(got[0])
+            bounded.append(got[1])
         tr.lines[key] = Trend(key, label, kind, values, bounded)
+    if cache is not None:
+        cache.clear()
+        cache.update(used)
     return tr
 
 

@@ -73,8 +73,7 @@ def metrics_window(
     if not samples:
         return None
     last = samples[-1]
-    lo = None if seconds is None else last.ts_ns - int(seconds * 1e9)
-    win = [m for m in samples if lo is None or m.ts_ns > lo]
+    win = _recent(samples, seconds)
     span = sum(m.interval_s for m in win)
 
     def rate(v: float) -> float | None:
@@ -187,10 +186,21 @@ class ReplicaTotals:
 
 
 def _recent(samples: Sequence[MetricsSample], seconds: float | None) -> list[MetricsSample]:
+    """The samples of the last ``seconds`` (None: all), oldest first.  Scrapes are kept in
+    time order: the walk back stops at the window's start instead of reading the whole
+    history (an hour of scrapes at each render tick)."""
     if not samples:
         return []
-    lo = None if seconds is None else samples[-1].ts_ns - int(seconds * 1e9)
-    return [m for m in samples if lo is None or m.ts_ns > lo]
+    if seconds is None:
+        return list(samples)
+    lo = samples[-1].ts_ns - int(seconds * 1e9)
+    win: list[MetricsSample] = []
+    for m in reversed(samples):
+        if m.ts_ns <= lo:
+            break
+        win.append(m)
+    win.reverse()
+    return win
 
 
 def _sum(vals: Sequence[float | None]) -> float | None:

@@ -18,6 +18,12 @@
    seconds (default 20), and one scrape's cost split into GET, parse and derive
    (``rltperf_tui.bench.metrics_ingest``).  No target is set for it: it is stated.
 
+4. ``screen`` (with ``--metrics-target``): the monitor's whole screen on that server,
+   ``rltperf attach`` in a 160x48 tmux pane, beside vllm-htop (``--htop``, else on
+   ``PATH``; polling at rltperf's 2 Hz) for the same ``--metrics-duration`` seconds after a
+   30 s trend window: each one's CPU as a fraction of one core and the ratio
+   (``rltperf_tui.bench.peers``, one round; ``rltperf bench peers`` for more rounds).
+
 For profiling, ``$RLTPERF_BENCH_CHILD`` replaces the monitor child's script (it gets the
 target, an output JSON path and the refresh rate as arguments).
 """
@@ -58,6 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-hz", type=float, default=2.0, help="scrapes per second for --metrics-target (default 2)"
     )
+    p.add_argument("--htop", default=None, metavar="PATH",
+                   help="vllm-htop, measured beside the screen on --metrics-target (default: on PATH)")  # fmt: skip
     p.add_argument("--metrics-duration", type=float, default=20.0, metavar="S",
                    help="seconds the /metrics-only monitor is measured (default 20)")  # fmt: skip
 
@@ -321,6 +329,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from rltperf_tui.bench.metrics_ingest import metrics_only_cost
 
         res["metrics_only"] = metrics_only_cost(args.metrics_target, args.metrics_duration, args.metrics_hz)
+        res["screen"] = screen_beside_htop(args.metrics_target, args.metrics_duration, args.htop)
     else:
         res["metrics_only"] = {
             "measured": False,
@@ -357,7 +366,35 @@ def print_text(r: dict[str, Any]) -> None:
               f"(max {t['tui_rss_mb_max']:.1f})")  # fmt: skip
         if t.get("problem"):
             print(f"  PROBLEM: {t['problem']}")
+    if r.get("screen"):
+        _print_screen(r["screen"])
     from rltperf_tui.bench.metrics_ingest import print_metrics_only
 
     print_metrics_only(r.get("metrics_only"))
     print("OK" if r["ok"] else "TARGET MISSED")
+
+
+def screen_beside_htop(target: str, duration: float, htop: str | None) -> dict[str, Any]:
+    """The screen's CPU on ``target`` beside vllm-htop's, same period (``bench.peers``, one round)."""
+    from rltperf_tui.bench import peers
+
+    ns = argparse.Namespace(target=target, duration=duration, warmup=30.0, rounds=1, interval=0.5,
+                            htop=htop, baseline_root=None, size="160x48")  # fmt: skip
+    return peers.run(ns)
+
+
+def _print_screen(p: dict[str, Any]) -> None:
+    """The screen-beside-vllm-htop lines of ``print_text``."""
+    if not p.get("measured", True):
+        print(f"screen on {p.get('target', '/metrics')}: not measured ({p['why']})")
+        return
+    mons = p["monitors"]
+    ours = mons["rltperf"]["cpu_fraction_median"]
+    line = f"screen (160x48 tmux pane) on {p['target']}, {p['duration_s']:g} s: rltperf CPU {ours:.2%} of one core"
+    htop = mons.get("vllm-htop")
+    if htop is not None and htop["cpu_fraction_median"] is not None:
+        line += f", vllm-htop (--interval {p['htop_interval_s']:g}) {htop['cpu_fraction_median']:.2%}"
+        line += f" (rltperf / vllm-htop {htop['rltperf_over_this_median']:.2f})"
+    else:
+        line += f"; vllm-htop not compared: {p['htop_missing']}"
+    print(line)

@@ -160,6 +160,7 @@ def run_monitor(specs: list[Any], args: argparse.Namespace, **extra: Any) -> int
     """Run the monitor app over ``specs``; returns the exit status."""
     from rltperf_tui.tui.app import MonitorApp
 
+    extra.setdefault("exit_process", getattr(args, "_exit_process", None))
     app = MonitorApp(specs, **monitor_kwargs(args), **extra)
     try:
         app.run()

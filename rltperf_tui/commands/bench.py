@@ -19,7 +19,8 @@ Benchmarks print the figures the targets are stated in; compare ratios from one 
   engine   reference engine decode MBU against this machine's copy bandwidth
   capture  keypress-to-first-captured-step, capture slow-down, export cost per mode
   exporting  steps during a bundle's export vs uncaptured ones (the window's rule)
-  loops    vLLM Ouro model: step time with per-loop timing on vs off, interleaved"""
+  loops    vLLM Ouro model: step time with per-loop timing on vs off, interleaved
+  peers    monitor CPU and RSS beside vllm-htop's on one vLLM server, side by side in tmux"""
 
 BENCHES: dict[str, str] = {
     "probe": "rltperf_tui.bench.probe",
@@ -28,6 +29,7 @@ BENCHES: dict[str, str] = {
     "capture": "rltperf_tui.bench.capture",
     "exporting": "rltperf_tui.bench.exporting",
     "loops": "rltperf_tui.bench.loops",
+    "peers": "rltperf_tui.bench.peers",
 }
 
 

@@ -243,14 +243,26 @@ def run(args: argparse.Namespace) -> int:
         note=f"demo: {what}, pid {child.pid}, log {log_path}; captures → {os.path.abspath(args.snapshots)}",
         waiting_text="starting the engine (loading torch and warming the profiler takes a few seconds)",
     )
+    stopped = f"rltperf demo: engine stopped (pid {child.pid}); its log: {log_path}"
+    exit_process = getattr(args, "_exit_process", None)
+
+    def finish(code: int) -> None:
+        """On quit (the command line only): stop the engine and say so, then end the
+        process without the monitor's teardown (``MonitorApp.quit_now``)."""
+        child.stop()
+        print(stopped, file=sys.stderr)
+        if exit_process is not None:
+            exit_process(code)
+
     try:
-        app = MonitorApp([spec], **monitor_kwargs(args), wait=True, child_check=child.problem)
+        app = MonitorApp([spec], **monitor_kwargs(args), wait=True, child_check=child.problem,
+                         exit_process=finish if exit_process is not None else None)  # fmt: skip
         app.run()
         app.close_all()
     finally:
         child.stop()
         for s, h in old.items():
             signal.signal(s, h)
-    print(f"rltperf demo: engine stopped (pid {child.pid}); its log: {log_path}", file=sys.stderr)
+    print(stopped, file=sys.stderr)
     code = app.return_code if app is not None else 1
     return int(code or 0)

@@ -46,7 +46,12 @@ from engine_adapters.definitions.records import (
     RequestRecord,
     StepRecord,
 )
-from engine_adapters.definitions.server_history import ServerLifetime, ServerTrends, server_trends
+from engine_adapters.definitions.server_history import (
+    ColumnCache,
+    ServerLifetime,
+    ServerTrends,
+    server_trends,
+)
 from engine_adapters.definitions.server_window import METRIC_LATENCIES, MetricsWindow, metrics_window
 from rltperf_tui.live.step_rings import KIND_CODE as _KIND_CODE  # noqa: F401  (tests import it from here)
 from rltperf_tui.live.step_rings import MAX_DEPTH, MAX_STAGES, Ring
@@ -143,6 +148,8 @@ class TargetStats:
         self.metrics: deque[MetricsSample] = deque(maxlen=3600)
         self.lifetime = ServerLifetime()
         """Counters, latencies and peaks of the metrics scrapes since attach."""
+        self._trend_columns: ColumnCache = {}
+        """Trend columns computed at the last ``server_trends`` (reused at the next)."""
         self.rank_steps: deque[StepRecord] = deque(maxlen=None if self.grow else self.capacity)
         """Steps that carry per-rank figures (a multi-rank engine), for ``rank_window``."""
         self._held: dict[tuple[float | None, float | None, float | None], HeldFigures[Window]] = {}
@@ -218,6 +225,12 @@ class TargetStats:
         """The window that holds exactly what the step ring still keeps
         (``StepWindows.kept_seconds``)."""
         return self.windows.kept_seconds()
+
+    @property
+    def step_free(self) -> bool:
+        """No step and no request has come (a metrics endpoint so far): every step window
+        is empty, whatever the time."""
+        return self.windows.steps.n == 0 and self.windows.reqs.n == 0
 
     @property
     def quiet_s(self) -> float:
@@ -335,4 +348,4 @@ class TargetStats:
     def server_trends(self, seconds: float, columns: int) -> ServerTrends | None:
         """Trend lines of the metrics scrapes over the last ``seconds`` in at most ``columns``
         columns (``engine_adapters.definitions.server_history``); None without scrapes."""
-        return server_trends(self.metrics, seconds, columns)
+        return server_trends(self.metrics, seconds, columns, self._trend_columns)

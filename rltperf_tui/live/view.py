@@ -150,6 +150,9 @@ class StatsView:
     """Captures by id, oldest first (copies)."""
     metrics_only: bool = False
     """A metrics endpoint (scrapes, no step records): the server panels show, not the step ones."""
+    scrapes_only: bool = False
+    """The target can only ever send scrapes (its ``Hello`` says ``metrics``: a vLLM server
+    over HTTP), never steps: step figures do not exist for it, not even as n/a."""
     timeline: TimelineView | None = None
     """The step timeline (None for a metrics endpoint)."""
     idle_gap_threshold_ms: float = 1.0
@@ -189,6 +192,7 @@ def stats_view(
         kv=st.latest_kv(),
         captures={k: replace(c) for k, c in st.captures.items()},
         metrics_only=metrics_only,
+        scrapes_only=metrics_only or (st.hello is not None and "metrics" in st.hello.capabilities),
     )
     if metrics_only:
         return replace(

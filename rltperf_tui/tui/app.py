@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -31,8 +32,8 @@ from typing import Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal
 from textual.notifications import SeverityLevel
+from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
@@ -51,6 +52,7 @@ from rltperf_tui.tui.targets import (
     TargetSpec,
     ingest,
 )
+from rltperf_tui.tui.widgets.containers import BlankHorizontal, BlankScreen
 from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 from rltperf_tui.tui.widgets.replicas import ReplicaPanel
 from rltperf_tui.tui.widgets.status_bar import StatusBar, StatusInfo
@@ -107,8 +109,12 @@ class MonitorApp(MonitorActions):
         trigger_max: int = 5,
         trigger_mode: str = "ops",
         prices: Prices | None = None,
+        exit_process: Callable[[int], object] | None = None,
     ) -> None:
         super().__init__()
+        self.exit_process = exit_process
+        """Ends the process on quit once the monitor's cleanup is done and the terminal is
+        restored (``quit_now``); the command line passes one, None returns from ``run()``."""
         tune_gc_for_ingest()
         self.window_s = float(window_s)
         self.timeline_s = float(timeline_s)
@@ -153,10 +159,13 @@ class MonitorApp(MonitorActions):
 
     # -- layout ------------------------------------------------------------------------------
 
+    def get_default_screen(self) -> Screen[Any]:
+        return BlankScreen(id="_default")
+
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
         yield ReplicaPanel(id="replicas", classes="panel")
-        with Horizontal(id="targets"):
+        with BlankHorizontal(id="targets"):
             for h in self.handles:
                 col = TargetColumn(h.index, id=f"target-{h.index}")
                 col.set_class(h.index > 0, "-follow")
@@ -285,7 +294,12 @@ class MonitorApp(MonitorActions):
         """This tick's values for ``h``'s panels (the window rules are checked on its window)."""
         st = h.stats
         h.view_size = col.view_size()
-        window = st.window(self.window_s, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms)
+        key = (self.window_s, self.slo_ttft_ms, self.slo_tpot_ms)
+        if st.step_free and h.empty_window is not None and h.empty_window[0] == key:
+            window = h.empty_window[1]
+        else:
+            window = st.window(self.window_s, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms)
+            h.empty_window = (key, window) if st.step_free else None
         silent = self._silent_s(h, now)
         if silent is None:  # a hung target's window is stale
             self._act_on_fires(h, h.check_window(window))
@@ -392,25 +406,61 @@ class MonitorApp(MonitorActions):
     # -- actions -----------------------------------------------------------------------------
 
     async def action_quit(self) -> None:
-        """Stop recordings, close every session and leave.
-
-        Everything on this path is bounded (``close_all``): the ingest workers end
-        within one short read, sessions close without waiting on their servers.  The
-        sessions close here, before Textual's shutdown, so that shutdown finds the
-        workers already ending and no poller is still using the CPU."""
-        self.close_all()
-        self.exit(0)
+        """``q`` and Ctrl-C: leave now (``quit_now``)."""
+        self.quit_now(0)
 
     # -- shutdown ----------------------------------------------------------------------------
 
+    def quit_now(self, code: int = 0) -> None:
+        """Stop recordings, close every session, and leave.
+
+        The monitor's own cleanup comes first and is bounded (``close_all``: a
+        recording's last records written and the file closed, workers cancelled,
+        sessions closed without waiting on their servers).  Then, with ``exit_process``
+        (the command line), the terminal is given back (``App.suspend``: input
+        stopped, the alternate screen left, the terminal's modes restored) and the
+        process ends there: Textual's own teardown, widget by widget, is skipped.  It
+        does nothing a user needs, and on a host whose cores are busy serving (a
+        loaded vLLM server) it took 1 to 18 s of waiting for CPU before the shell came
+        back.  Without ``exit_process`` (tests, Python callers) the app exits the
+        Textual way and ``run()`` returns."""
+        self.close_all()
+        if self.exit_process is not None and self._give_terminal_back():
+            with contextlib.redirect_stdout(sys.__stdout__), contextlib.redirect_stderr(sys.__stderr__):
+                self.exit_process(code)
+        self.exit(code)
+
+    def _give_terminal_back(self) -> bool:
+        """Restore the terminal as Textual's driver does when the app ends, without
+        waiting for the driver's input thread; False when there is none to restore
+        (headless) or it could not be done (the app then ends the Textual way).
+
+        ``stop_application_mode`` first joins the input thread, which notices only at
+        the end of its 0.1 s select and then selects once more: 0.2 s at best, up to
+        1.2 s measured with a loaded vLLM server on the same 2 cores.  The process ends
+        right after this, so the thread is left to it (the driver's ``_key_thread`` is
+        textual 8.2's, pinned in pyproject).  The writer thread is waited for: the
+        sequences that restore the terminal go through it."""
+        driver = self._driver
+        if driver is None or self.is_headless:
+            return False
+        try:
+            if getattr(driver, "_key_thread", None) is not None:
+                driver._key_thread = None  # type: ignore[attr-defined]
+            driver.stop_application_mode()
+            driver.close()
+        except Exception:
+            return False
+        return True
+
     def request_exit(self, code: int = 0) -> bool:
-        """Ask the app to exit from a signal handler or another thread; False if it is
-        not running (the caller then exits by itself)."""
+        """Ask the app to quit (``quit_now``) from a signal handler or another thread;
+        False if it is not running (the caller then exits by itself)."""
         loop = self._event_loop
         if loop is None or loop.is_closed():
             return False
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self.exit, code)
+            loop.call_soon_threadsafe(self.quit_now, code)
             return True
         return False
 

@@ -27,6 +27,7 @@ from rltperf_tui.live.aggregator import TargetStats
 from rltperf_tui.live.driver import LiveTarget, TargetSpec, clock
 from rltperf_tui.live.triggers import Fire, TriggerSet
 from rltperf_tui.live.view import ViewSize
+from rltperf_tui.live.window_stats import Window
 
 __all__ = [
     "HUNG_AFTER_S",
@@ -46,8 +47,13 @@ runs 4 times a second, not 10: at 1 000 steps/s a message handled cost about a
 millisecond of the main thread whatever its size (bench ingest: 0.053 -> see commit)."""
 MAX_INFLIGHT = 8
 """Batches that may wait in the app's message queue per target before the worker waits."""
-READ_S = 0.05
-"""Longest single blocking read of a session (the worker checks for cancellation between)."""
+READ_S = BATCH_S
+"""Longest single blocking read of a session (the worker checks for cancellation between).
+
+A session's read returns as soon as it has records, so this bounds only the waits of a
+quiet stream: a worker that woke every 50 ms to find nothing cost a tenth of the
+monitor's CPU on a /metrics target scraped once a second (``rltperf bench peers``).
+Quitting does not wait for it (``MonitorApp.quit_now``)."""
 HUNG_AFTER_S = 3.5
 """A probe target that sends nothing (not even its ~1 s heartbeat) this long is shown
 as hung, its figures as stale."""
@@ -74,6 +80,9 @@ class TargetHandle(LiveTarget):
         self.last_heard = time.monotonic()
         """Monitor time the newest batch of this target's records arrived."""
         self.view_size: ViewSize | None = None
+        self.empty_window: tuple[tuple[float, float | None, float | None], Window] | None = None
+        """The window last computed while the target had no step or request (a metrics
+        endpoint), by its parameters: it stays empty, and is not recomputed each tick."""
         """The panel sizes its newest view was computed for."""
 
 

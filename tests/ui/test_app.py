@@ -73,6 +73,9 @@ async def test_live_numbers_and_two_captures(paced_engine) -> None:  # type: ign
         assert re.search(rf"step\s+{NUM}\s+{NUM}\s+{NUM}", lat), lat
         head = panel_text(app, TargetHeader)
         assert "connected" in head and "RANDOM WEIGHTS" in head and "test-loop" in head
+        # the test engine names no loop or exit policy: an n/a it can never fill is not shown
+        config = head.splitlines()[1]
+        assert "n/a" not in config and "loops" not in config and "spec off" in config, head
         assert re.search(r"idle\s+\d+\.\d%", panel_text(app, DevicePanel))
         assert "forward" in panel_text(app, StepTimeline)
 

@@ -18,6 +18,7 @@ from rltperf_tui.tui.widgets.replicas import ReplicaPanel
 from rltperf_tui.tui.widgets.server_metrics import ServerMetricsPanel
 from rltperf_tui.tui.widgets.server_totals import ServerTotalsPanel
 from rltperf_tui.tui.widgets.server_trends import ServerTrendsPanel
+from rltperf_tui.tui.widgets.target_header import PLUGIN_HINT, TargetHeader
 from tests.ui._uihelpers import panel_text, replay_finished, sync
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -104,3 +105,21 @@ async def test_one_vllm_target_has_no_replica_table() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await replay_finished(pilot)
         assert not app.query_one(ReplicaPanel).display
+
+
+@sync
+async def test_header_of_a_server_seen_over_http_shows_no_figure_it_can_never_have() -> None:
+    """A vLLM server seen through /metrics only sends no steps, ever: its header shows no
+    step, loop, exit, spec or drop figure (not even as n/a), says where per-step figures
+    come from (the plugin), and heads with the scrapes' own tokens/s (the same figure as
+    the server-metrics panel's)."""
+    app = MonitorApp([vllm_spec("a")])
+    async with app.run_test(size=(160, 48)) as pilot:
+        await replay_finished(pilot)
+        head = panel_text(app, TargetHeader)
+        metrics = panel_text(app, ServerMetricsPanel)
+    for never in ("n/a", "?", "step p50", "idle", "loops", "exit", "spec", "dropped"):
+        assert never not in head, (never, head)
+    assert PLUGIN_HINT in head and "/metrics" in head, head
+    tok_s = metrics.split("tokens/s ", 1)[1].split()[0]
+    assert float(tok_s) > 0 and f"{tok_s} tok/s" in head, (head, metrics)

@@ -63,6 +63,13 @@ _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"')
 _PLAIN_LABELS = re.compile(r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"(?:,[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*")*,?')
 _ESCAPE = re.compile(r"\\(.)")
 _UNESCAPED = {"\\": "\\", '"': '"', "n": "\n"}
+_LABELS_SEEN: dict[str, dict[str, str]] = {"": {}}
+"""Parsed labels by their text, for every page read: a server's pages repeat the same label
+sets scrape after scrape (~500 on a vLLM page, most of them histogram buckets), and
+parsing them was about half of a scrape's parse (``rltperf bench ingest``'s stored page).
+A label text parses to the same labels on any page, so one page's results serve the next."""
+_LABELS_KEPT = 20_000
+"""More label texts than this (a server whose labels keep changing) start the cache afresh."""
 
 
 def read_families(text: str, prefix: str = "vllm:") -> list[Family]:
@@ -70,7 +77,10 @@ def read_families(text: str, prefix: str = "vllm:") -> list[Family]:
     out: list[Family] = []
     cur: Family | None = None  # the open family, when it is a kept one
     allowed: tuple[str, ...] = ()  # sample names that belong to ``cur``
-    labels_seen: dict[str, dict[str, str]] = {"": {}}  # label text -> parsed labels, this page
+    labels_seen = _LABELS_SEEN  # label text -> parsed labels, kept from page to page
+    if len(labels_seen) > _LABELS_KEPT:
+        labels_seen.clear()
+        labels_seen[""] = {}
     for lineno, line in enumerate(text.split("\n"), 1):
         if not line.startswith(prefix):
             if line[:1] in (" ", "\t"):

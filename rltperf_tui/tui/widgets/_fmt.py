@@ -124,7 +124,7 @@ def spark(values: Sequence[float] | np.ndarray, top: float | None = None) -> str
         level = np.ones(v.shape, dtype=np.int64)
     else:
         with np.errstate(invalid="ignore"):
-            level = np.clip(np.ceil(np.nan_to_num(v) / top * 8), 1, 8).astype(np.int64)
+            level = np.clip(np.ceil(np.where(finite, v, 0.0) / top * 8), 1, 8).astype(np.int64)
     level[~finite] = 0
     levels = cast(list[int], level.tolist())
     return "".join([BLOCKS[i] for i in levels])

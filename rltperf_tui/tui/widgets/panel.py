@@ -9,10 +9,13 @@ resize redraws what the panel has, and asks for a view at the new size (``Resize
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rich.segment import Segment
 from rich.style import Style as RichStyle
+from textual.color import Color
+from textual.filter import LineFilter
 from textual.geometry import Region
 from textual.message import Message
 from textual.strip import Strip
@@ -23,6 +26,37 @@ from engine_adapters.definitions.cost import Prices
 from rltperf_tui.live.view import StatsView
 from rltperf_tui.live.window_stats import Window
 from rltperf_tui.tui.widgets._fmt import Lines, Row, fit_row
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """A panel's content rows as Textual's styles cache frames them (no side border)."""
+
+    width: int
+    height: int
+    top: int
+    """Rows above the content (border, padding)."""
+    bottom: int
+    pad_left: int
+    pad_right: int
+    inner: RichStyle
+    """The background style of padding and of the cells after a short row."""
+    background: Color
+    """The widget's background, for the line filters."""
+
+    def frame(self, row: Strip, filters: Sequence[LineFilter]) -> Strip:
+        """``row`` (content width) padded to the full width, then filtered."""
+        inner = self.inner
+        content_width = self.width - self.pad_left - self.pad_right
+        segs = list(row.adjust_cell_length(content_width, inner))
+        if self.pad_left:
+            segs.insert(0, Segment(" " * self.pad_left, inner))
+        if self.pad_right:
+            segs.append(Segment(" " * self.pad_right, inner))
+        strip = Strip(segs, self.width)
+        for f in filters:
+            strip = strip.apply_filter(f, self.background)
+        return strip
 
 
 @dataclass(frozen=True)
@@ -107,6 +141,10 @@ class Panel(Widget):
         self._strips: dict[int, Strip] = {}
         self._styles: dict[str, RichStyle] = {}
         self._built_for: tuple[int, int] = (0, 0)
+        self._frame: _Frame | bool | None = None
+        """How content rows are framed (padding, background, filters); False: by Textual."""
+        self._framed: dict[int, tuple[Strip, Strip]] = {}
+        """Content row -> (the row's strip, the row framed and filtered) as last drawn."""
 
     def panel_title(self, ctx: PanelContext) -> str:
         """The border title: the statistic and its window."""
@@ -150,12 +188,17 @@ class Panel(Widget):
             self._built_for = (width, height)
             self.refresh()
             return
-        for y in range(height):
-            if lines[y] != old[y]:
-                self._strips.pop(y, None)
-                self.refresh(Region(0, y, width, 1))
+        changed = [y for y in range(height) if lines[y] != old[y]]
+        for y in changed:
+            self._strips.pop(y, None)
+        if changed:
+            # one refresh for all of them: each call also drops the widget's layout and
+            # style caches, so a call per line costs as much as the lines themselves
+            self.refresh(*(Region(0, y, width, 1) for y in changed))
 
     def on_resize(self) -> None:
+        self._frame = None
+        self._framed.clear()
         self._rebuild(full=True)
         self.post_message(self.Resized())
 
@@ -164,6 +207,74 @@ class Panel(Widget):
         # a theme or CSS change: resolved styles and cached lines are stale
         self._styles.clear()
         self._strips.clear()
+        self._frame = None
+        self._framed.clear()
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        """The rows in ``crop``: content rows framed here, the border by Textual.
+
+        Why: at each screen update Textual asks every widget that overlaps the box
+        around all dirty regions for all of its rows, and passes each row again
+        through its styles cache and line filters.  A panel keeps its content rows
+        framed (padding, background) and filtered as they were last drawn, and frames
+        again only the rows whose text changed; the rows Textual draws better (the
+        border with its title) still come from Textual.  A panel styled with what is
+        not framed here (side borders, outline, tint, opacity, hatch) is drawn by
+        Textual alone.
+        """
+        frame = self._frame
+        if frame is None:
+            frame = self._frame = self._measure_frame()
+        if not isinstance(frame, _Frame):
+            return super().render_lines(crop)
+        x1, x2 = crop.column_span
+        part = (x1, x2) != (0, frame.width)
+        out: list[Strip] = []
+        for y in crop.line_range:
+            cy = y - frame.top
+            if cy < 0 or y >= frame.height - frame.bottom:
+                out.extend(super().render_lines(Region(x1, y, x2 - x1, 1)))
+                continue
+            row = self.render_line(cy)
+            got = self._framed.get(cy)
+            if got is not None and got[0] is row:
+                strip = got[1]
+            else:
+                strip = frame.frame(row, self.get_line_filters())
+                self._framed[cy] = (row, strip)
+            out.append(strip.crop(x1, x2) if part else strip)
+        return out
+
+    def _measure_frame(self) -> _Frame | bool:
+        styles = self.styles
+        (_, _), (right, _), (_, _), (left, _) = styles.border
+        outline = any(edge for edge, _ in styles.outline)
+        hatch = styles.has_rule("hatch") and styles.hatch != "none"
+        if (
+            left
+            or right
+            or outline
+            or hatch
+            or styles.tint.a
+            or self.opacity != 1.0
+            or styles.text_opacity != 1.0
+        ):
+            return False
+        width, height = self.outer_size
+        if width <= 0 or height <= 0:
+            return False
+        gutter = styles.gutter
+        base_background, background = self.background_colors
+        return _Frame(
+            width=width,
+            height=height,
+            top=gutter.top,
+            bottom=gutter.bottom,
+            pad_left=gutter.left,
+            pad_right=gutter.right,
+            inner=VisualStyle(background=base_background + background).rich_style,
+            background=background,
+        )
 
     def _style(self, name: str) -> RichStyle:
         st = self._styles.get(name)

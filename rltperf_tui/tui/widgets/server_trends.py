@@ -66,12 +66,15 @@ class ServerTrendsPanel(Panel):
             ln.add(f"{t.label:<{LABEL_W}}", "bold")
             vals = [float("nan") if v is None else v for v in t.values]
             top = 100.0 if t.key == "kv" else None  # a share: drawn against the whole cache
-            line = "".join(ch * rep for ch in spark(vals, top=top))
+            line = spark(vals, top=top)
+            if rep > 1:
+                line = "".join([ch * rep for ch in line])
             ln.add(" " * pad).add(line, STYLE.get(t.kind, ""))
-            hi_b = t.kind == "p95" and any(b for v, b in zip(t.values, t.bounded, strict=True) if v == t.hi)
-            lo_b = t.kind == "p95" and any(b for v, b in zip(t.values, t.bounded, strict=True) if v == t.lo)
+            lo, hi = t.lo, t.hi  # once: each is a pass over the values
+            hi_b = t.kind == "p95" and any(b for v, b in zip(t.values, t.bounded, strict=True) if v == hi)
+            lo_b = t.kind == "p95" and any(b for v, b in zip(t.values, t.bounded, strict=True) if v == lo)
             any_bounded = any_bounded or any(t.bounded)
-            ln.add(f" {fmt(t.kind, t.key, t.lo, lo_b):>{NUM_W}}{fmt(t.kind, t.key, t.hi, hi_b):>{NUM_W}}")
+            ln.add(f" {fmt(t.kind, t.key, lo, lo_b):>{NUM_W}}{fmt(t.kind, t.key, hi, hi_b):>{NUM_W}}")
             ln.add(f"{fmt(t.kind, t.key, t.now, t.now_bounded):>{NUM_W}}", "bold").nl()
         note = "gauges: highest reading per column; P95: histogram estimates per column"
         if any_bounded:

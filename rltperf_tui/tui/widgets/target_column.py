@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from textual import events
 from textual.app import ComposeResult
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import VerticalScroll
 from textual.css.query import NoMatches
 
 from rltperf_tui.live.view import ViewSize
 from rltperf_tui.tui.widgets.captures import CapturesPanel
+from rltperf_tui.tui.widgets.containers import BlankVertical
 from rltperf_tui.tui.widgets.device import DevicePanel, gap_rows
 from rltperf_tui.tui.widgets.latency import LatencyPanel
 from rltperf_tui.tui.widgets.loops import LoopsPanel
@@ -43,15 +44,20 @@ class TargetColumn(VerticalScroll):
         """Position of the target in the app's target list."""
         self._panels: list[Panel] | None = None
 
+    @property
+    def BLANK(self) -> bool:  # type: ignore[override]  # Textual's name
+        """Blank (see ``containers``) unless it draws the border between targets (``-follow``)."""
+        return not self.has_class("-follow")
+
     def compose(self) -> ComposeResult:
         yield TargetHeader(classes="panel")
-        with Vertical(classes="panes"):
-            with Vertical(classes="stack left"):
+        with BlankVertical(classes="panes"):
+            with BlankVertical(classes="stack left"):
                 yield ServerMetricsPanel(classes="panel metrics-only")
                 yield StepTimeline(classes="panel")
                 yield LatencyPanel(classes="panel")
                 yield DevicePanel(classes="panel")
-            with Vertical(classes="stack right"):
+            with BlankVertical(classes="stack right"):
                 yield ServerTotalsPanel(classes="panel metrics-only")
                 yield RooflinePanel(classes="panel")
                 yield LoopsPanel(classes="panel")

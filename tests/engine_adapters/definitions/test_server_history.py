@@ -123,6 +123,24 @@ def test_real_vllm_session_trends_agree_with_its_counters_and_stay_bounded() -> 
     assert any(tr.lines["queue_p95"].bounded)
 
 
+def test_trend_column_cache_gives_what_a_fresh_computation_gives_as_scrapes_arrive() -> None:
+    """A render tick reuses the columns of the tick before (``cache``): fed the real
+    session one scrape at a time, in a timeline that first fits every scrape a column and
+    then pools them (per_column 1, then more), every call equals the computation without
+    a cache, and the cache holds no more than the columns of the last call."""
+    recs = [r for r in RecordingReader(REAL).records() if isinstance(r, MetricsSample)]
+    cache: dict = {}
+    pooled = False
+    for k in range(1, len(recs) + 1):
+        for seconds, columns in ((20.0, 60), (1e6, 12)):
+            fresh = server_trends(recs[:k], seconds, columns)
+            cached = server_trends(recs[:k], seconds, columns, cache)
+            assert cached == fresh, k
+            assert cached is not None and len(cache) <= len(cached.lines) * columns
+            pooled = pooled or cached.per_column > 1
+    assert pooled  # the second timeline did pool scrapes into columns
+
+
 def test_replica_totals_sum_pool_and_flag_imbalance_by_hand() -> None:
     h = HistogramDelta(bounds=[0.01, 0.02], counts=[10.0, 20.0], count=20.0, sum=0.25)
     a = [_m(1.0 * k, gen=400.0, prompt=100.0, running=4.0, interval=1.0, waiting=1.0, kv_usage=0.3,

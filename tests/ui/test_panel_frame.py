@@ -1,0 +1,67 @@
+"""A panel frames its own content rows (``Panel.render_lines``, for the monitor's CPU):
+what it hands the compositor must be exactly what Textual's styles cache would have
+made of the same rows (padding, background, line filters, the border and its title),
+for every row, after the data changed and after a theme change, with and without
+colour.  Textual's own path is called on the same panel as the independent truth."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from textual.geometry import Region
+from textual.strip import Strip
+from textual.widget import Widget
+
+from rltperf_tui.tui.app import MonitorApp
+from rltperf_tui.tui.widgets.panel import Panel
+from tests.ui._uihelpers import drawn_at_final_size, replay_finished, replay_spec, sync
+from tests.ui.test_server_view import vllm_spec
+
+
+def _segments(strips: list[Strip]) -> list[list[tuple[str, object]]]:
+    return [[(s.text, s.style) for s in strip] for strip in strips]
+
+
+def _check_every_panel(app: MonitorApp) -> int:
+    """Every shown panel's rows, whole and cropped, against Textual's; returns the panels
+    checked."""
+    checked = 0
+    for panel in app.query(Panel):
+        if not panel.display or panel.outer_size.area == 0:
+            continue
+        w, h = panel.outer_size
+        for crop in (Region(0, 0, w, h), Region(3, 1, max(1, w - 7), max(1, h - 2))):
+            ours = panel.render_lines(crop)
+            panel._styles_cache.clear()  # Textual's path from scratch, not from its cache
+            theirs = Widget.render_lines(panel, crop)
+            assert _segments(ours) == _segments(theirs), (type(panel).__name__, crop)
+        checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("no_color", [False, True])
+@sync
+async def test_framed_rows_equal_textuals_own_on_the_step_and_server_views(
+    no_color: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if no_color:
+        monkeypatch.setenv("NO_COLOR", "1")
+    for spec in (replay_spec(), vllm_spec("a")):
+        app = MonitorApp([spec])
+        async with app.run_test(size=(140, 44)) as pilot:
+            await replay_finished(pilot)
+            await drawn_at_final_size(pilot)
+            await pilot.pause()
+            assert _check_every_panel(app) >= 5
+            # new data: every panel shows another context; no row may come from the old one
+            for panel in app.query(Panel):
+                if panel.ctx is not None:
+                    panel.show(replace(panel.ctx, window_s=panel.ctx.window_s * 3, note="changed"))
+            await pilot.pause()
+            assert _check_every_panel(app) >= 5
+            # another theme: the background and the colours of every row change
+            app.theme = "textual-light" if app.theme != "textual-light" else "nord"
+            await pilot.pause()
+            await pilot.pause()
+            assert _check_every_panel(app) >= 5
