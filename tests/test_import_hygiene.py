@@ -57,7 +57,7 @@ def test_the_live_model_runs_without_textual():
         "import rltperf_tui.live, rltperf_tui.live.driver, rltperf_tui.live.view, rltperf_tui.commands.headless\n"
         "from rltperf_tui.live.driver import LiveTarget, TargetSpec\n"
         "from engine_adapters.monitor.replay import ReplayAdapter\n"
-        "a = ReplayAdapter('tests/ui/data/demo.rltrec', speed=0)\n"
+        "a = ReplayAdapter('tests/rltperf_tui/tui/data/demo.rltrec', speed=0)\n"
         "t = LiveTarget(TargetSpec('demo', session=a.connect(), adapter=a))\n"
         "while not t.ended: t.ingest(t.read(0.05))\n"
         "assert t.stats.steps.n > 0"

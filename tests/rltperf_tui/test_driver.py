@@ -25,7 +25,7 @@ from rltperf_tui.live.triggers import TriggerSet
 from tests.conftest import LOOP_ENGINE, start_engine
 from tests.rltperf_tui.test_aggregator import _hello, _steps
 
-RECORDING = Path(__file__).resolve().parents[1] / "ui" / "data" / "demo.rltrec"
+RECORDING = Path(__file__).resolve().parent / "tui" / "data" / "demo.rltrec"
 
 
 def _replay(triggers: TriggerSet | None = None, speed: float = 0.0) -> LiveTarget:

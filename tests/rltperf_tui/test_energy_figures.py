@@ -146,7 +146,7 @@ def test_no_counter_report_says_why(tmp_path: Path) -> None:
 
 
 def test_no_counter_summary_says_why_for_every_kind_of_target(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[1] / "ui" / "data"
+    root = Path(__file__).resolve().parent / "tui" / "data"
     for name in ("demo.rltrec", "vllm_replica_a.rltrec"):
         e = _summary(root / name)["energy"]
         assert set(e) == {"power_w", "joules_per_token", "joules_per_step", "source", "caveat", "reason"}

@@ -22,7 +22,7 @@ from tests.conftest import run_rltperf
 from tests.rltperf_tui.hand_recording import (
     hand_recording,
 )
-from tests.ui._uihelpers import RECORDING
+from tests.rltperf_tui.tui._uihelpers import RECORDING
 
 
 def test_summary_and_compare_agree_on_a_recording_with_a_capture(tmp_path: Path) -> None:

@@ -63,7 +63,7 @@ def test_a_hung_engine_stops_the_clock_instead_of_inventing_figures() -> None:
     a.add([_hello(), Stats(ts_ns=S), *_steps(100, 10, 0, busy_ms=10, t0=S)])
     before = a.window(10.0)
     # SIGSTOP: nothing more arrives; the figures stay those of the vouched window (the
-    # monitor marks them stale by its own clock, see tests/ui)
+    # monitor marks them stale by its own clock, see tests/rltperf_tui/tui)
     after = a.window(10.0)
     assert before.as_summary() == after.as_summary()
     assert a.vouched_ns == 2 * S

@@ -1,6 +1,6 @@
 """Trend lines, totals and peaks since attach, and cost of a metrics endpoint
 (``engine_adapters.definitions.server_history`` / ``cost``), against numbers computed by
-hand and against a real vLLM 0.32 session (``tests/ui/data/vllm_replica_a.rltrec``)."""
+hand and against a real vLLM 0.32 session (``tests/rltperf_tui/tui/data/vllm_replica_a.rltrec``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from engine_adapters.definitions.server_history import PEAK_SPAN_S, ServerLifeti
 from engine_adapters.definitions.server_window import imbalance, replica_totals
 from engine_adapters.monitor.recording import RecordingReader
 
-REAL = Path(__file__).resolve().parents[2] / "ui" / "data" / "vllm_replica_a.rltrec"
+REAL = Path(__file__).resolve().parents[2] / "rltperf_tui" / "tui" / "data" / "vllm_replica_a.rltrec"
 S = 1_000_000_000
 
 # vLLM's queue-time buckets start 0-0.3 s: 40 requests queued 0.012 ms each

@@ -22,7 +22,7 @@ from engine_adapters.definitions.wire import decode_body
 from engine_adapters.monitor.recording import MAGIC, RecordingReader, read_all
 from tests.conftest import LOOP_ENGINE, ROOT, run_rltperf, start_engine
 
-DEMO = ROOT / "tests" / "ui" / "data" / "demo.rltrec"
+DEMO = ROOT / "tests" / "rltperf_tui" / "tui" / "data" / "demo.rltrec"
 
 
 def frames(data: bytes) -> list[tuple[int, int, list[Record]]]:

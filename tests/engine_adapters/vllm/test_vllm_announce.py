@@ -33,7 +33,7 @@ from engine_adapters.monitor.vllm.announced import Announcement, find
 from engine_adapters.monitor.vllm.trace_files import STEP_ANNOTATION
 from rltperf_tui.analysis.summary import SUMMARY_KEYS
 from tests.conftest import LOOP_ENGINE, run_rltperf, start_engine
-from tests.ui._uihelpers import RECORDING, panel_text, sync, wait_for
+from tests.rltperf_tui.tui._uihelpers import RECORDING, panel_text, sync, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -429,7 +429,7 @@ def test_bundles_in_other_modes_list_mode_and_n_first(runs: dict[str, Any]) -> N
 def test_config_values_are_never_cut(runs: dict[str, Any]) -> None:
     """Long configuration values (the reference engine's contract: '30 ms host stall in
     the schedule stage every 150 steps') print whole, wrapped, never cut mid-word."""
-    demo = str(Path(__file__).resolve().parents[2] / "ui" / "data" / "demo.rltrec")
+    demo = str(Path(__file__).resolve().parents[1] / "tui" / "data" / "demo.rltrec")
     rc, out, err = cli("compare", demo, runs["rec"]["a"], "--json")
     assert rc == 0, err
     res = json.loads(out)

@@ -12,7 +12,7 @@ import shutil
 
 from rltperf_tui.analysis.summary import SUMMARY_KEYS, load_recording, summarize
 from tests.conftest import run_rltperf
-from tests.ui._uihelpers import RECORDING
+from tests.rltperf_tui.tui._uihelpers import RECORDING
 
 
 def test_summary_keys_are_the_declared_ones_and_nulls_keep_them(tmp_path) -> None:

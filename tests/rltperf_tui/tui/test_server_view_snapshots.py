@@ -1,8 +1,8 @@
 """SVG snapshots of the vLLM server view over real vLLM 0.32 /metrics sessions replayed
-at speed 0 (``tests/ui/data/vllm_replica_*.rltrec``, see ``make_vllm_recording.py``).
+at speed 0 (``tests/rltperf_tui/tui/data/vllm_replica_*.rltrec``, see ``make_vllm_recording.py``).
 
 Regenerate after an intended change:
-``pytest tests/ui/test_server_view_snapshots.py --snapshot-update``, then look at the SVGs."""
+``pytest tests/rltperf_tui/tui/test_server_view_snapshots.py --snapshot-update``, then look at the SVGs."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from engine_adapters.definitions.cost import Prices
 from rltperf_tui.tui.app import MonitorApp
-from tests.ui._uihelpers import replay_finished
-from tests.ui.test_server_view import vllm_spec
+from tests.rltperf_tui.tui._uihelpers import replay_finished
+from tests.rltperf_tui.tui.test_server_view import vllm_spec
 
 
 def test_vllm_server_view_120x40(snap_compare: Any) -> None:

@@ -15,8 +15,8 @@ from textual.widget import Widget
 
 from rltperf_tui.tui.app import MonitorApp
 from rltperf_tui.tui.widgets.panel import Panel
-from tests.ui._uihelpers import drawn_at_final_size, replay_finished, replay_spec, sync
-from tests.ui.test_server_view import vllm_spec
+from tests.rltperf_tui.tui._uihelpers import drawn_at_final_size, replay_finished, replay_spec, sync
+from tests.rltperf_tui.tui.test_server_view import vllm_spec
 
 
 def _segments(strips: list[Strip]) -> list[list[tuple[str, object]]]:

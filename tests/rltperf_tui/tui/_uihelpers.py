@@ -18,7 +18,7 @@ from rltperf_tui.tui.widgets.target_column import TargetColumn
 
 DATA = Path(__file__).resolve().parent / "data"
 RECORDING = DATA / "demo.rltrec"
-RECORDING_NAME = "tests/ui/data/demo.rltrec"
+RECORDING_NAME = "tests/rltperf_tui/tui/data/demo.rltrec"
 """The target string shown on screen (stable wherever the checkout lives)."""
 
 

@@ -1,7 +1,7 @@
 """SVG snapshots of the main screen over the fixed recording (replayed at speed 0, so
 the screen is the end of the recording and holds no wall-clock text).
 
-Regenerate after an intended change: ``pytest tests/ui/test_snapshots.py --snapshot-update``
+Regenerate after an intended change: ``pytest tests/rltperf_tui/tui/test_snapshots.py --snapshot-update``
 and look at the SVGs under ``__snapshots__`` before committing them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rltperf_tui.tui.app import MonitorApp
-from tests.ui._uihelpers import replay_finished, replay_spec
+from tests.rltperf_tui.tui._uihelpers import replay_finished, replay_spec
 
 
 def test_main_screen_120x40(snap_compare: Any) -> None:

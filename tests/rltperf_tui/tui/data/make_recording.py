@@ -1,4 +1,4 @@
-"""Regenerate ``tests/ui/data/demo.rltrec``, the fixed recording of the UI snapshot tests.
+"""Regenerate ``tests/rltperf_tui/tui/data/demo.rltrec``, the fixed recording of the UI snapshot tests.
 
 Default: the reference engine (``rltperf engine``, tiny preset on the CPU, random
 weights) with exits spread over depths, self-speculation and an injected host stall, so
@@ -10,8 +10,8 @@ for ``--seconds``, with one ops capture of 4 steps in the middle.
 
 Run from the repository root (the snapshots must then be re-accepted):
 
-    .venv/bin/python tests/ui/data/make_recording.py
-    .venv/bin/python -m pytest tests/ui --snapshot-update
+    .venv/bin/python tests/rltperf_tui/tui/data/make_recording.py
+    .venv/bin/python -m pytest tests/rltperf_tui/tui --snapshot-update
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from time import perf_counter_ns as clk
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT))
 
 DEPTHS = 4

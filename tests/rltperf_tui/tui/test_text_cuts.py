@@ -12,7 +12,7 @@ import pytest
 from rltperf_tui.tui.app import MonitorApp
 from rltperf_tui.tui.widgets.panel import Panel
 from rltperf_tui.tui.widgets.step_timeline import StepTimeline
-from tests.ui._uihelpers import replay_finished, replay_spec, sync, wait_for
+from tests.rltperf_tui.tui._uihelpers import replay_finished, replay_spec, sync, wait_for
 
 CUT_NUMBER = re.compile(r"[\d.]…")
 

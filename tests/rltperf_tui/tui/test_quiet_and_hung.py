@@ -18,7 +18,7 @@ from rltperf_tui.tui.app import HUNG_AFTER_S, MonitorApp
 from rltperf_tui.tui.widgets.device import DevicePanel
 from rltperf_tui.tui.widgets.target_header import TargetHeader
 from tests.conftest import LOOP_ENGINE, start_engine
-from tests.ui._uihelpers import panel_text, sync, wait_for
+from tests.rltperf_tui.tui._uihelpers import panel_text, sync, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.name != "posix", reason="SIGSTOP")]
 

@@ -27,7 +27,14 @@ from rltperf_tui.tui.widgets.status_bar import StatusBar
 from rltperf_tui.tui.widgets.step_timeline import StepTimeline
 from rltperf_tui.tui.widgets.target_header import TargetHeader
 from tests.conftest import LOOP_ENGINE, ROOT, start_engine
-from tests.ui._uihelpers import RECORDING, drawn_at_final_size, panel_text, replay_spec, sync, wait_for
+from tests.rltperf_tui.tui._uihelpers import (
+    RECORDING,
+    drawn_at_final_size,
+    panel_text,
+    replay_spec,
+    sync,
+    wait_for,
+)
 
 NUM = r"\d+\.\d+"
 MS = r"\d+(?:\.\d+)?"

@@ -16,9 +16,9 @@ from engine_adapters.monitor.vllm.metrics import MfuState, derive, parse_scrape
 from rltperf_tui.tui.app import MonitorApp, TargetSpec
 from rltperf_tui.tui.widgets.server_metrics import ServerMetricsPanel
 from rltperf_tui.tui.widgets.step_timeline import StepTimeline
-from tests.ui._uihelpers import panel_text, sync, wait_for
+from tests.rltperf_tui.tui._uihelpers import panel_text, sync, wait_for
 
-DATA = Path(__file__).resolve().parents[1] / "engine_adapters" / "vllm" / "data"
+DATA = Path(__file__).resolve().parents[2] / "engine_adapters" / "vllm" / "data"
 
 
 def _recording(path: Path) -> None:

@@ -1,5 +1,5 @@
 """The vLLM server view at 120x40 over a real vLLM 0.32 /metrics session
-(``tests/ui/data/vllm_replica_a.rltrec``, made by ``make_vllm_recording.py``): trends fill
+(``tests/rltperf_tui/tui/data/vllm_replica_a.rltrec``, made by ``make_vllm_recording.py``): trends fill
 the lower half, totals and peaks since attach sit beside the window, costs appear when
 prices are given."""
 
@@ -19,7 +19,7 @@ from rltperf_tui.tui.widgets.server_metrics import ServerMetricsPanel
 from rltperf_tui.tui.widgets.server_totals import ServerTotalsPanel
 from rltperf_tui.tui.widgets.server_trends import ServerTrendsPanel
 from rltperf_tui.tui.widgets.target_header import PLUGIN_HINT, TargetHeader
-from tests.ui._uihelpers import panel_text, replay_finished, sync
+from tests.rltperf_tui.tui._uihelpers import panel_text, replay_finished, sync
 
 DATA = Path(__file__).resolve().parent / "data"
 REPLICAS = {"a": DATA / "vllm_replica_a.rltrec", "b": DATA / "vllm_replica_b.rltrec"}
@@ -28,7 +28,7 @@ REPLICAS = {"a": DATA / "vllm_replica_a.rltrec", "b": DATA / "vllm_replica_b.rlt
 def vllm_spec(name: str = "a") -> TargetSpec:
     """A recorded vLLM replica as a target, under a stable name."""
     adapter = ReplayAdapter(str(REPLICAS[name]), speed=0)
-    return TargetSpec(target=f"tests/ui/data/vllm_replica_{name}.rltrec", adapter=adapter,
+    return TargetSpec(target=f"tests/rltperf_tui/tui/data/vllm_replica_{name}.rltrec", adapter=adapter,
                       session=adapter.connect())  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from rltperf_tui.tui.app import MonitorApp
 from rltperf_tui.tui.widgets.captures import CapturesPanel
 from rltperf_tui.tui.widgets.step_timeline import StepTimeline
 from tests.conftest import LOOP_ENGINE, start_engine
-from tests.ui._uihelpers import panel_text, replay_finished, replay_spec, sync, wait_for
+from tests.rltperf_tui.tui._uihelpers import panel_text, replay_finished, replay_spec, sync, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from engine_adapters.monitor.vllm.adapter import VllmAdapter
 from rltperf_tui.tui.app import MonitorApp, TargetSpec
 from rltperf_tui.tui.widgets.replicas import ReplicaPanel
 from rltperf_tui.tui.widgets.server_trends import ServerTrendsPanel
-from tests.ui._uihelpers import panel_text, sync, wait_for
+from tests.rltperf_tui.tui._uihelpers import panel_text, sync, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
