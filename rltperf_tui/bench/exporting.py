@@ -35,7 +35,7 @@ import sys
 import time
 from typing import Any
 
-from rltperf_tui.bench import SOURCE_ROOT
+from rltperf_tui.bench.capture import _start_engine
 
 HELP = "steps during a bundle's export vs uncaptured steps: step time, rates, stalls, per mode"
 DESCRIPTION = __doc__ or HELP
@@ -56,35 +56,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load", type=int, default=0, metavar="K", help="busy processes during the run")
     p.add_argument("--margin", type=float, default=0.05, help="smallest ratio change that matters")
     p.add_argument("--token", default=None, help="probe token for non-loopback targets")
-
-
-def _start_engine(snap: str, workload: str) -> tuple[subprocess.Popen[str], str, str]:
-    """The reference engine (tiny preset, CPU, ``workload``) on a free port."""
-    import re
-    import threading
-
-    env = dict(os.environ, PYTHONPATH=str(SOURCE_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rltperf_tui.cli", "engine", "--preset", "tiny", "--workload", workload,
-         "--listen", "127.0.0.1:0", "--duration", "3600", "--snapshots", snap],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        m = re.search(r"tcp://(\S+:\d+)", line)
-        if m:  # its later status lines are read, so that a full pipe never blocks it
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
-            return (
-                proc,
-                f"tcp://{m.group(1)}",
-                f"reference engine, tiny preset on cpu, {workload} (random weights)",
-            )
-    proc.kill()
-    raise RuntimeError("the reference engine did not start")
 
 
 def _q(v: list[float], q: float) -> float | None:
