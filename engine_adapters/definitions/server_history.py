@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from engine_adapters.definitions.histograms import Pooled, bounded_percentiles, percentiles, pool
 from engine_adapters.definitions.records import HistogramDelta, MetricsSample
+from engine_adapters.definitions.server_window import recent_scrapes
 
 TREND_FIGURES: tuple[tuple[str, str, str], ...] = (
     ("running", "running", "gauge"),
@@ -131,13 +132,7 @@ def server_trends(
     this call's columns only."""
     if not samples or columns < 1 or seconds <= 0:
         return None
-    lo = samples[-1].ts_ns - int(seconds * 1e9)
-    win: list[MetricsSample] = []
-    for m in reversed(samples):
-        if m.ts_ns <= lo:
-            break
-        win.append(m)
-    win.reverse()
+    win = recent_scrapes(samples, seconds)
     per = max(1, math.ceil(len(win) / columns))
     # whole columns counted from the newest scrape: the oldest column may hold fewer
     cut = len(win) % per

@@ -73,7 +73,7 @@ def metrics_window(
     if not samples:
         return None
     last = samples[-1]
-    win = _recent(samples, seconds)
+    win = recent_scrapes(samples, seconds)
     span = sum(m.interval_s for m in win)
 
     def rate(v: float) -> float | None:
@@ -185,7 +185,7 @@ class ReplicaTotals:
     """Figures whose imbalance exceeds ``IMBALANCE_RATIO`` beyond ``IMBALANCE_FLOOR``."""
 
 
-def _recent(samples: Sequence[MetricsSample], seconds: float | None) -> list[MetricsSample]:
+def recent_scrapes(samples: Sequence[MetricsSample], seconds: float | None) -> list[MetricsSample]:
     """The samples of the last ``seconds`` (None: all), oldest first.  Scrapes are kept in
     time order: the walk back stops at the window's start instead of reading the whole
     history (an hour of scrapes at each render tick)."""
@@ -225,7 +225,7 @@ def replica_totals(
 ) -> ReplicaTotals:
     """Totals and imbalance of several replicas (see ``ReplicaTotals``)."""
     windows = [metrics_window(s, seconds) for s in replicas]
-    recent = [_recent(s, seconds) for s in replicas]
+    recent = [recent_scrapes(s, seconds) for s in replicas]
     mean_running: list[float | None] = []
     for win in recent:
         vals = [m.running for m in win if m.running is not None]
