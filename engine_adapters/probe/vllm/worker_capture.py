@@ -32,6 +32,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from time import perf_counter_ns as _clk
 from time import thread_time_ns as _cpu
 from typing import Any
@@ -49,10 +50,20 @@ class WorkerCapture:
         block: this worker's control block (created by it).
         rank: the worker's name (``dp0-tp1``): its folder in the bundle.
         faults: injected faults (tests only; sites ``capture_start``, ``capture_stop``).
+        tensor_spans: (address, bytes) of the worker's big tensor storage (KV cache,
+            weights), which the export's forked child never reads (``export_forked``'s
+            ``dontfork``: a cheaper fork).
     """
 
-    def __init__(self, block: cb.ControlBlock, rank: str, faults: Faults | None = None) -> None:
+    def __init__(
+        self,
+        block: cb.ControlBlock,
+        rank: str,
+        faults: Faults | None = None,
+        tensor_spans: Callable[[], list[tuple[int, int]]] | None = None,
+    ) -> None:
         self.block = block
+        self.tensor_spans = tensor_spans
         self.rank = rank
         self.faults = faults
         self.seq = 0
@@ -198,7 +209,7 @@ class WorkerCapture:
     # -- export (its own thread) -------------------------------------------------------------
 
     def _export(self, cmd: cb.Command, prof: Any) -> None:
-        from engine_adapters.probe.export import export_trace_files, release_results
+        from engine_adapters.probe.export import export_trace_files, page_ranges, release_results
         from engine_adapters.probe.job import CaptureJob
 
         b = self.block
@@ -208,7 +219,13 @@ class WorkerCapture:
         try:
             out = os.path.join(cmd.out_dir, f".rank-{self.rank}")
             os.makedirs(out, exist_ok=True)
-            res = export_trace_files(job, out)
+            spans: list[tuple[int, int]] = []
+            if self.tensor_spans is not None:
+                try:
+                    spans = page_ranges(self.tensor_spans())
+                except Exception as exc:  # the fork then copies them: slower, still correct
+                    log.debug("tensor spans: %s", exc)
+            res = export_trace_files(job, out, dontfork=spans)
             err = res.get("error")
             b.put(trace_bytes=res.get("trace_bytes") or 0, events=res.get("events") or 0,
                   steps_found=res.get("steps_found") or 0,
