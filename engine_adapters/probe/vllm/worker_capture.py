@@ -287,10 +287,14 @@ class WorkerCapture:
 
 
 def warm(rank: str) -> float | None:
-    """Pay the profiler's first use on this (the worker's) thread at start-up, so the first
-    capture's start does not stall a step for a second or two; None when it failed."""
+    """Pay the profiler's first use on this (the worker's) thread at start-up, and the
+    imports a capture needs, so the first capture's start does not stall a step; None
+    when it failed."""
     try:
+        # everything a capture imports, imported now: never on a step (or under the GIL of its export)
+        import engine_adapters.probe.export  # noqa: F401
         from engine_adapters.probe.capture import warm_profiler
+        from engine_adapters.probe.job import CaptureJob  # noqa: F401
 
         s = warm_profiler()
         log.info("rltperf: worker %s profiler warmed in %.2f s", rank, s)
