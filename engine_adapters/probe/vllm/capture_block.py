@@ -11,7 +11,10 @@ in full (``os.posix_fallocate``: a full ``/dev/shm`` is an ``OSError`` at creati
 a SIGBUS at a later store), mapped by both sides.  No system call, lock or copy on
 either step path: the worker reads one integer per forward (``command_gen``).
 
-Layout: ``WORDS`` little-endian int64 words, then text fields.  The engine core writes
+Layout: ``WORDS`` little-endian int64 words, then text fields.  Inside a window the
+engine core also notes each dispatched step's id (``note_step``, a ring of eight), so the
+worker names its ``rltperf.step#<id>`` range after the engine core's step, as the
+probe does.  The engine core writes
 a command's fields, then its generation last (``CMD_GEN``); the worker writes its
 status fields, then ``ST_STATE`` last, and ``ST_GEN`` (the command it answers) before
 them.  x86 and ARM both keep a single writer's stores to one mapping in program order
@@ -43,6 +46,7 @@ ST_GEN, ST_STATE, ST_STEPS_DONE, ST_FIRST_SEQ, ST_LAST_SEQ = 8, 9, 10, 11, 12
 ST_WINDOW_START, ST_WINDOW_END, ST_EXPORT_START, ST_EXPORT_END = 13, 14, 15, 16
 ST_TRACE_BYTES, ST_EVENTS, ST_STEPS_FOUND, ST_EXPORT_IN, ST_SEEN_SEQ = 17, 18, 19, 20, 21
 ST_COSTS = 24  # COST_NAMES, in microseconds, -1 when not measured
+STEP_RING, STEP_SLOTS = 32, 8  # (dispatch seq, engine step id) of the window's steps
 COST_NAMES = (
     "profiler_start_ms", "profiler_start_cpu_ms", "profiler_stop_ms", "profiler_stop_cpu_ms",
     "fork_ms", "fork_cpu_ms", "release_ms", "release_cpu_ms",
@@ -204,7 +208,20 @@ class ControlBlock:
                 return st
         return st
 
+    def note_step(self, seq: int, step_id: int) -> None:
+        """The engine core's step id of the step it dispatches as ``seq`` (inside a window:
+        the worker names its range after it, as the probe does)."""
+        i = STEP_RING + 2 * (seq % STEP_SLOTS)
+        self.w[i + 1] = step_id
+        self.w[i] = seq
+
     # -- worker side ----------------------------------------------------------------------
+
+    def step_id(self, seq: int) -> int | None:
+        """The engine core's step id of dispatch ``seq``, if it is still in the ring."""
+        i = STEP_RING + 2 * (seq % STEP_SLOTS)
+        sid = int(self.w[i + 1])
+        return sid if int(self.w[i]) == seq and sid >= 0 else None
 
     def command_gen(self) -> int:
         """The latest command's generation: the worker's one read per forward."""

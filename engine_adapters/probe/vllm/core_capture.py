@@ -186,6 +186,8 @@ class WorkerCaptures:
             job.started_ns = self.last_dispatch_ns
         if self.job is not None and self.start_seq and self.seq <= self.start_seq + (self.job.steps):
             self.step_of[self.seq] = step_id
+            for b in self.blocks.values():
+                b.note_step(self.seq, step_id)
 
     def flags(self, step_id: int) -> int:
         """``FLAG_PROFILED`` (+ warm-up) for a step the workers profiled (engine thread)."""

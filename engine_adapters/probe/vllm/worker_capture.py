@@ -12,7 +12,8 @@ A command in the worker's control block (``capture_block.py``) says: start at st
 ``start_seq``, N steps, ops or full.  At the start of step ``start_seq`` the worker
 starts the probe's profiler (``capture.new_profiler``: one warm-up step, then N active
 ones: the trace holds one ``ProfilerStep#k`` span per captured step); each captured
-step also gets a ``rltperf.worker_step#<seq>`` range.  At the end of step
+step also gets a ``rltperf.step#<id>`` range, the engine core's step id (noted in the
+block at its dispatch), as the probe's steps do.  At the end of step
 ``start_seq + N`` the profiler stops, on this thread (the one piece of capture work on
 the step path), and the export runs in a thread of its own that forks a child for the
 trace and the operator table (``export.export_trace_files``, the probe's own code), then
@@ -154,7 +155,10 @@ class WorkerCapture:
         try:
             from torch.autograd.profiler import record_function
 
-            rf = record_function(f"rltperf.worker_step#{self.seq}")
+            sid = self.block.step_id(self.seq)  # the engine core's id of this step: the report matches it
+            rf = record_function(
+                f"rltperf.step#{sid}" if sid is not None else f"rltperf.worker_step#{self.seq}"
+            )
             rf.__enter__()
             self._range = rf
         except Exception:
