@@ -11,8 +11,10 @@ bench runs (completions of 64 tokens).
 
 For each capture, from its first profiled step (rltperf: the profiler's warm-up step)
 to one second after its bundle was saved (the window's end, the stop and the export
-included): the longest engine step and the longest gap between two steps, held against
-the limit 3 × the median unprofiled step + 20 ms (``window_stalls``).
+included): the longest engine step and the longest gap between two steps (a gap after a
+step that left no request is idle, not counted), held against the limit 3 × the median
+unprofiled step + 20 ms (``window_stalls``); and the same figures over as long a stretch
+just before the request (the control: what the machine does without a capture).
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ class WindowStalls:
 
 
 def stalls(steps: list[Any], start_ns: int, end_ns: int, requested_ns: int) -> WindowStalls:
-    """The worst step and gap among ``steps`` from ``start_ns`` to ``end_ns``."""
+    """The worst step and gap among ``steps`` from ``start_ns`` to ``end_ns``.  A gap after a
+    step that left no request running or waiting is the engine's idle time (the clients
+    had sent nothing), not a stall, and is not counted."""
     med = unprofiled_median_ms(steps, requested_ns)
     limit = limit_ms(med) or LIMIT_MS
     win = sorted(
@@ -63,21 +67,32 @@ def stalls(steps: list[Any], start_ns: int, end_ns: int, requested_ns: int) -> W
         ms = (r.end_ns - r.start_ns) / 1e6
         if ms > ws:
             ws, wsid = ms, r.step_id
-        if i:
-            g = (r.start_ns - win[i - 1].end_ns) / 1e6
+        prev = win[i - 1] if i else None
+        if prev is not None and (
+            prev.running or prev.waiting
+        ):  # after a step that left no work, a gap is idle
+            g = (r.start_ns - prev.end_ns) / 1e6
             if g > wg:
-                wg, wgid = g, win[i - 1].step_id
+                wg, wgid = g, prev.step_id
     return WindowStalls(med, limit, ws, wsid, wg, wgid, len(win))
 
 
-def window_stalls(steps: list[Any], capture: dict[str, Any]) -> WindowStalls:
+def window_stalls(
+    steps: list[Any], capture: dict[str, Any], after_s: float = AFTER_S, control: bool = False
+) -> WindowStalls:
     """``stalls`` of a bundle's capture (its ``meta.json`` ``capture``): from its warm-up
-    step (or window start) to ``AFTER_S`` after its export ended."""
+    step (or window start) to ``after_s`` after its export ended.  ``control``: the same
+    length of time just before the request instead (no capture running: the machine's
+    own noise, to read the capture's figure against)."""
     by_id = {r.step_id: r for r in steps}
     warm = by_id.get(capture.get("profiler_warmup_step"))
     start = warm.start_ns if warm is not None else int(capture.get("window_start_ns") or 0)
     end = int(capture.get("window_end_ns") or start) + int((capture.get("export_s") or 0.0) * 1e9)
-    return stalls(steps, start, end + int(AFTER_S * 1e9), int(capture.get("requested_ns") or start))
+    end += int(after_s * 1e9)
+    req = int(capture.get("requested_ns") or start)
+    if control:
+        start, end = req - (end - start), req
+    return stalls(steps, start, end, req)
 
 
 def _load(url: str, conc: int, stop: threading.Event) -> None:
@@ -125,12 +140,14 @@ def _one(feed: Any, session: Any, other: Any, mode: str, steps: int, path: str) 
     h = feed.history
     if path == "rltperf":
         with open(done.bundle + "/meta.json", encoding="utf-8") as f:
-            w = window_stalls(h, json.load(f)["capture"])
+            cap = json.load(f)["capture"]
+        w, ctl = window_stalls(h, cap), window_stalls(h, cap, control=True)
     else:  # vLLM's profiler: its window is the steps the plugin flagged profiled
         first = next((r for r in h if r.start_ns >= req_ns and r.flags & FLAG_PROFILED), None)
-        w = stalls(h, first.start_ns if first else req_ns, done_ns + int(AFTER_S * 1e9), req_ns)
+        start, end = first.start_ns if first else req_ns, done_ns + int(AFTER_S * 1e9)
+        w, ctl = stalls(h, start, end, req_ns), stalls(h, req_ns - (end - start), req_ns, req_ns)
     return {"path": path, "mode": mode, "steps_captured": done.steps_captured, "via": done.via, **asdict(w),
-            "held": w.held}  # fmt: skip
+            "held": w.held, "control_step_ms": ctl.worst_step_ms, "control_gap_ms": ctl.worst_gap_ms}  # fmt: skip
 
 
 def run_vllm(args: Any) -> dict[str, Any]:
@@ -167,6 +184,8 @@ def run_vllm(args: Any) -> dict[str, Any]:
             "worst_step_ms": max((r["worst_step_ms"] for r in rs), default=None),
             "worst_gap_ms": max((r["worst_gap_ms"] for r in rs), default=None),
             "held": sum(1 for r in rs if r["held"]),
+            "control_step_ms": max((r["control_step_ms"] for r in rs), default=None),
+            "control_gap_ms": max((r["control_gap_ms"] for r in rs), default=None),
             "via": next((r["via"] for r in rs if r.get("via")), None),
         }
     return {"kind": "vllm", "target": args.target, "vllm_url": url, "steps_per_capture": args.steps,
@@ -190,6 +209,10 @@ def print_vllm(r: dict[str, Any]) -> None:
             f"{name:<8} median unprofiled step {f(p['median_ms'])} ms, limit 3 x p50 + 20 = {f(p['limit_ms'])} ms: "
             f"worst step {f(p['worst_step_ms'])} ms, worst gap {f(p['worst_gap_ms'])} ms; "
             f"{p['held']}/{p['captures']} captures within the limit  ({p['via'] or ''})"
+        )
+        print(
+            f"{'':<8} control (as long, just before each request, no capture): worst step "
+            f"{f(p['control_step_ms'])} ms, worst gap {f(p['control_gap_ms'])} ms"
         )
         for e in p["failed"]:
             print(f"   failed: {e}")

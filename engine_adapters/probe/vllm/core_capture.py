@@ -283,8 +283,11 @@ class WorkerCaptures:
         if len(firsts) > 1 or firsts != {self.start_seq + 1}:
             job.error = f"the ranks did not capture the same steps: first steps {sorted(firsts)}, expected {self.start_seq + 1}"
         job.export_end_ns = max(s.export_end_ns for s in sts.values())
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             self._writer.write(job)
+            log.info("rltperf: worker capture %s: bundle written in %.1f ms (%.1f ms CPU of the engine core)",
+                     job.capture_id, (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3)  # fmt: skip
         finally:
             self.export_windows.end(job.export_start_ns or 0, job.export_end_ns)
             self._release(job)

@@ -124,7 +124,8 @@ def _controller(wrapper: Any) -> Any:
 
 def tensor_spans(wrapper: Any) -> list[tuple[int, int]]:
     """(address, bytes) of the worker's CPU tensor storage that a forked export child never
-    reads: the model runner's KV caches and the model's weights and buffers."""
+    reads: the model runner's KV caches, its input and sampling buffers, and the model's
+    weights and buffers (``export.page_ranges`` keeps the whole pages of those >= 1 MiB)."""
     runner = getattr(getattr(wrapper, "worker", None), "model_runner", None)
     if runner is None:
         return []
@@ -140,6 +141,12 @@ def tensor_spans(wrapper: Any) -> list[tuple[int, int]]:
     if model is not None and hasattr(model, "parameters"):
         tensors.extend(model.parameters())
         tensors.extend(model.buffers())
+    # the runner's persistent input / sampling buffers (tensors, or holders of a .cpu one)
+    for holder in (runner, getattr(runner, "input_batch", None)):
+        for v in list(vars(holder).values()) if holder is not None else ():
+            for t in (v, getattr(v, "cpu", None)):
+                if hasattr(t, "untyped_storage") and hasattr(t, "device"):
+                    tensors.append(t)
     out = []
     for t in tensors:
         if t.device.type != "cpu":
