@@ -109,7 +109,7 @@ def _madvise(ranges: list[tuple[int, int]], advice: int) -> int:
         try:
             import ctypes
 
-            lib = ctypes.CDLL(None, use_errno=True)
+            lib = ctypes.PyDLL(None, use_errno=True)  # keeps the GIL: a syscall of microseconds
             lib.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
             _libc = lib
         except (OSError, AttributeError):
@@ -158,8 +158,8 @@ def _export_forked(
     exports in-thread, which is correct, only slow for the engine.
     """
     result = os.path.join(tmp, ".export-result.json")
-    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     left_out = _madvise(dontfork or [], MADV_DONTFORK)
+    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()  # from here the GIL is held: the engine waits
     try:
         pid = os.fork()  # holds the GIL while the kernel copies the page tables: timed
     except OSError as exc:
