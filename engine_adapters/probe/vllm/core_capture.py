@@ -18,8 +18,8 @@ worker (``capture_block.py``):
    each rank's trace, the engine core's meta and ``steps.jsonl`` (the engine core's
    step records, captured steps flagged).  A rank's failure fails the capture with its
    reason (the others are cancelled).
-4. Idle: when the engine core dispatches no step for ``idle_timeout_s`` while armed or
-   in the window, the capture ends as a partial bundle (its steps so far, no trace) and
+4. Idle: when the engine core runs no step for ``idle_timeout_s`` while armed or in
+   the window (none in flight, none dispatched: a long step is not idle), the capture ends as a partial bundle (its steps so far, no trace) and
    the workers are told to cancel (each drops its window at its next step).
 
 The one cost on the engine thread outside a capture is ``dispatch``'s counter.
@@ -108,6 +108,8 @@ class WorkerCaptures:
         self.seq = 0
         """Steps dispatched to the workers since the tap was installed (engine thread)."""
         self.last_dispatch_ns = _clk()
+        self.in_flight = False
+        """A dispatched step has not ended yet (engine thread)."""
         self.pending: CaptureJob | None = None
         """Armed, waiting for the next dispatch (engine thread takes it)."""
         self.job: CaptureJob | None = None
@@ -173,6 +175,7 @@ class WorkerCaptures:
     def dispatch(self, step_id: int) -> None:
         """The engine core is about to send a step (``execute_model``) to its workers."""
         self.seq += 1
+        self.in_flight = True
         self.last_dispatch_ns = _clk()
         job = self.pending
         if job is not None:
@@ -188,6 +191,12 @@ class WorkerCaptures:
             self.step_of[self.seq] = step_id
             for b in self.blocks.values():
                 b.note_step(self.seq, step_id)
+
+    def step_over(self) -> None:
+        """The engine core's step ended (the workers' step with it): from now on, no new
+        dispatch for ``idle_timeout_s`` is a quiet engine (a long step is not)."""
+        self.in_flight = False
+        self.last_dispatch_ns = _clk()
 
     def flags(self, step_id: int) -> int:
         """``FLAG_PROFILED`` (+ warm-up) for a step the workers profiled (engine thread)."""
@@ -218,9 +227,9 @@ class WorkerCaptures:
             time.sleep(POLL_S)
             if self._is_closed():
                 return self._end(job, tmp, "the engine stopped during the capture", cancel=True)
-            if self.seq != seen_seq:
+            if self.seq != seen_seq or self.in_flight:
                 seen_seq = self.seq
-                job.last_step_ns = self.last_dispatch_ns
+                job.last_step_ns = _clk() if self.in_flight else max(job.last_step_ns, self.last_dispatch_ns)
             if job.state in ("armed", "warmup", "capturing"):
                 idle_s = (_clk() - job.last_step_ns) / 1e9
                 if idle_s > self.idle_timeout_s:

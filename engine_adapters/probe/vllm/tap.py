@@ -139,6 +139,9 @@ class Tap:
                 return orig_step()
             finally:
                 tap.slot = None
+                caps = tap.captures
+                if caps is not None:
+                    caps.step_over()  # a long step is not a quiet engine
                 if not tap.broken and (tap.scheduled is not None or tap.completed is not None):
                     try:
                         tap._finish(st)
