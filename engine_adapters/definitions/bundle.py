@@ -164,6 +164,7 @@ def post_outcome(
     events: int,
     export_s: float,
     note: str | None = None,
+    via: str | None = None,
 ) -> None:
     """After ``seal_bundle``: a job that met an error is failed (its bundle kept and named),
     otherwise saved; set its state and post ``CaptureFailed`` or ``CaptureDone``."""
@@ -183,6 +184,7 @@ def post_outcome(
             export_s=round(export_s, 4),
             mode=job.mode,
             note=note,
+            via=via,
         )
     )
 

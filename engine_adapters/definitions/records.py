@@ -456,6 +456,9 @@ class CaptureDone(_Rec, tag="cap_done", frozen=True):
     note: str | None = None
     """Something the person should know about the bundle, e.g. that the engine could not
     honour the requested mode (vLLM fixes shapes/stacks/memory at server start)."""
+    via: str | None = None
+    """The path the capture took, when not the engine process's own profiler: rltperf in
+    vLLM's workers (with the ranks held), or vLLM's own profiler."""
 
 
 class CaptureFailed(_Rec, tag="cap_failed", frozen=True):

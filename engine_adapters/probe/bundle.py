@@ -17,6 +17,7 @@ full disk), the capture fails with the reason.
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from engine_adapters.definitions.bundle import os_error_text as _os_error_text
 from engine_adapters.definitions.contract import build_contract
 from engine_adapters.definitions.energy import readings_by_device
 from engine_adapters.definitions.figures import EXCLUDED_FLAGS
+from engine_adapters.definitions.ranks import ranks_held
 from engine_adapters.definitions.records import CaptureFailed, EngineInfo, StepRecord, to_builtins
 from engine_adapters.probe.export import export_trace_files, release_results
 from engine_adapters.probe.job import CaptureJob, note_cost
@@ -101,7 +103,8 @@ class BundleWriter:
         tmp = temp_bundle_dir(root, job.capture_id)
         try:
             os.makedirs(root, exist_ok=True)
-            os.mkdir(tmp)
+            if job.expected_ranks is None or not os.path.isdir(tmp):  # worker captures made it at the request
+                os.mkdir(tmp)
         except OSError as exc:
             reason = _os_error_text(exc, f"the bundle under snapshot root {root}")
             job.error = reason
@@ -110,7 +113,10 @@ class BundleWriter:
             return None
 
         res: dict[str, Any]
-        if job.partial is not None:  # stalled window: its profiler is still on, on the engine thread
+        held: dict[str, str] = {}
+        if job.ranks is not None and job.partial is None:  # vLLM's workers exported their own traces
+            res = gather_ranks(job, tmp, held)
+        elif job.partial is not None:  # stalled window: its profiler is still on, on the engine thread
             res = {
                 "files": {},
                 "trace_bytes": 0,
@@ -134,6 +140,8 @@ class BundleWriter:
         job.export_where = res.get("where")
 
         export_s = time.perf_counter() - t0
+        if job.ranks is not None and job.export_start_ns and job.export_end_ns:  # the workers' exports
+            export_s = (job.export_end_ns - job.export_start_ns) / 1e9
         if not job.error and job.partial is None and steps_found != job.steps:
             job.error = f"the trace holds {steps_found} ProfilerStep spans, {job.steps} were requested"
         steps: list[tuple[Any, str]] = []
@@ -152,6 +160,12 @@ class BundleWriter:
             job.error = job.error or _os_error_text(exc, "steps.jsonl")
 
         meta = self._meta(job, steps_found, trace_bytes, events, export_s, files, [r for r, _ in steps])
+        if job.via is not None:
+            meta.capture.via = job.via
+        if job.expected_ranks is not None:
+            meta.capture.ranks = ranks_held(job.expected_ranks, held)
+        for leftover in glob.glob(os.path.join(tmp, ".rank-*")):  # what a rank left (a failed export)
+            shutil.rmtree(leftover, ignore_errors=True)
         try:
             path = seal_bundle(tmp, final, meta)
         except OSError as exc:
@@ -163,7 +177,7 @@ class BundleWriter:
 
         post_outcome(
             job, path, post, steps_captured=steps_found, trace_bytes=trace_bytes, events=events,
-            export_s=export_s, note=job.partial,
+            export_s=export_s, note=job.partial, via=worker_via(job, held),
         )  # fmt: skip
         log.info("capture %s -> %s (%s)", job.capture_id, path, job.error or "ok")
         return path
@@ -254,6 +268,61 @@ def _energy_meta(history: StepHistory, job: CaptureJob) -> dict[str, Any]:
             out["readings"][dev] = [list(r) for r in rows[i0 : i1 + 1]]
     if not out["readings"]:
         out["reason"] = history.energy_na or "no energy counter readings were taken"
+    return out
+
+
+def worker_via(job: CaptureJob, held: dict[str, str]) -> str | None:
+    """The path a worker capture took, in words, with the ranks whose traces it holds
+    (``CaptureDone.via``); None for the probe's own capture."""
+    if job.expected_ranks is None:
+        return None
+    n = len(job.expected_ranks)
+    ranks = f" ({', '.join(sorted(held))})" if n > 1 else ""
+    return f"rltperf in vLLM's workers, traces of {len(held)}/{n} ranks{ranks}"
+
+
+def gather_ranks(job: CaptureJob, tmp: str, held: dict[str, str]) -> dict[str, Any]:
+    """Move each rank's files from ``tmp/.rank-<rank>/`` into the bundle: the first rank's
+    as ``trace.json.gz`` and ``ops.txt``, the others' as ``trace_<rank>.json.gz`` and
+    ``ops_<rank>.txt`` (``held``: rank -> its trace file).  Returns the export result
+    the writer expects: ``steps_found`` is the first rank's, and a rank whose count
+    differs is an error (the ranks must hold the same steps); bytes and events are summed."""
+    ranks = job.ranks or {}
+    files: dict[str, str] = {}
+    out: dict[str, Any] = {"files": files, "trace_bytes": 0, "events": 0, "steps_found": 0, "error": None,
+                           "where": None}  # fmt: skip
+    first = True
+    for rank in sorted(ranks):
+        r = ranks[rank]
+        src = os.path.join(tmp, f".rank-{rank}")
+        trace, ops = ("trace.json.gz", "ops.txt") if first else (f"trace_{rank}.json.gz", f"ops_{rank}.txt")
+        try:
+            if os.path.exists(os.path.join(src, "trace.json.gz")):
+                os.rename(os.path.join(src, "trace.json.gz"), os.path.join(tmp, trace))
+                held[rank] = trace
+                files[trace] = (
+                    f"worker trace of rank {rank} (its model steps; the engine core's own scheduling is not in it)"
+                )
+            if os.path.exists(os.path.join(src, "ops.txt")):
+                os.rename(os.path.join(src, "ops.txt"), os.path.join(tmp, ops))
+                files[ops] = f"operator table of rank {rank}"
+        except OSError as exc:
+            out["error"] = out["error"] or _os_error_text(exc, f"rank {rank}'s trace")
+        if r.get("error"):
+            out["error"] = out["error"] or f"{rank}: {r['error']}"
+        found = int(r.get("steps_found") or 0)
+        if first:
+            out["steps_found"] = found
+            out["where"] = r.get("export_in")
+        elif found != out["steps_found"] and not out["error"]:
+            out["error"] = (
+                f"rank {rank}'s trace holds {found} ProfilerStep spans, the first rank's {out['steps_found']}"
+            )
+        out["trace_bytes"] += int(r.get("trace_bytes") or 0)
+        out["events"] += int(r.get("events") or 0)
+        for name, ms in (r.get("costs") or {}).items():
+            job.costs[f"{rank}.{name}"] = ms
+        first = False
     return out
 
 

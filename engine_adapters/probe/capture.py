@@ -30,7 +30,6 @@ Modes: ``ops`` = CPU (+ CUDA) activities, no shapes, memory or stacks; ``full`` 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -50,12 +49,12 @@ from engine_adapters.definitions.records import (
     Refused,
 )
 from engine_adapters.probe.export import release_results
-from engine_adapters.probe.job import CaptureJob, ExportWindows, note_cost
+from engine_adapters.probe.job import CaptureJob, ExportWindows, budget_problem, note_cost, snapshot_usage
 from engine_adapters.probe.ring import ObservedStep, StepRing, StepSlot
 
 log = logging.getLogger("rltperf.probe.capture")
 
-__all__ = ["CaptureController", "CaptureJob", "snapshot_usage"]
+__all__ = ["CaptureController", "CaptureJob", "new_profiler", "snapshot_usage", "warm_profiler"]
 
 ARM_TIMEOUT_S = 60.0
 """An armed capture whose engine runs no step for this long fails."""
@@ -67,24 +66,44 @@ SNAPSHOT_BUDGET_COUNT = 1000
 """Default most bundles in the snapshot root; a capture beyond it is refused."""
 
 
-def snapshot_usage(root: str) -> tuple[int, int]:
-    """(bundles, bytes) under ``root``: every folder not starting with ``.``, recursively."""
-    count = total = 0
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return 0, 0
-    for e in entries:
-        if e.name.startswith(".") or not e.is_dir(follow_symlinks=False):
-            continue
-        count += 1
-        for dirpath, _dirs, names in os.walk(e.path):
-            for n in names:
-                try:
-                    total += os.lstat(os.path.join(dirpath, n)).st_size
-                except OSError:
-                    pass
-    return count, total
+def activities() -> list[Any]:
+    """The profiler's activities here: CPU, and CUDA when there is a GPU."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    acts = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(ProfilerActivity.CUDA)
+    return acts
+
+
+def new_profiler(steps: int, full: bool) -> Any:
+    """A capture's ``torch.profiler.profile`` (not started): one warm-up step then ``steps``
+    active ones (so the trace holds one ``ProfilerStep#k`` span per captured step); full
+    mode records shapes, memory and stacks.  Shared by every capture path (the probe's,
+    vLLM's workers')."""
+    from torch.profiler import profile, schedule
+
+    return profile(
+        activities=activities(),
+        schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
+        record_shapes=full,
+        profile_memory=full,
+        with_stack=full,
+        on_trace_ready=lambda p: None,  # exported by our own thread, not on the step loop
+    )
+
+
+def warm_profiler() -> float:
+    """Pay the profiler's first-use initialisation (~1-2 s on a small CPU) on this
+    thread now; returns the seconds it took."""
+    import torch.profiler
+
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=activities()) as prof:
+        pass
+    release_results(prof)
+    return time.perf_counter() - t0
 
 
 class CaptureController:
@@ -146,26 +165,11 @@ class CaptureController:
 
     # -- profiler set-up -----------------------------------------------------------------
 
-    def _activities(self) -> list[Any]:
-        import torch
-        from torch.profiler import ProfilerActivity
-
-        acts = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            acts.append(ProfilerActivity.CUDA)
-        return acts
-
     def warm(self) -> None:
         """Pay the profiler's first-use initialisation (~1-2 s on a small CPU) now."""
         if self.torch_error or self.warmed:
             return
-        import torch.profiler
-
-        t0 = time.perf_counter()
-        with torch.profiler.profile(activities=self._activities()) as prof:
-            pass
-        release_results(prof)
-        self.warm_s = time.perf_counter() - t0
+        self.warm_s = warm_profiler()
         self.warmed = True
         log.info("profiler warmed in %.2f s", self.warm_s)
 
@@ -210,24 +214,7 @@ class CaptureController:
         return None
 
     def _over_budget(self) -> str | None:
-        """Why the snapshot root has no room for another bundle, or None.  Nothing is
-        ever deleted to make room: the person decides what to keep."""
-        if self.budget_bytes is None and self.budget_count is None:
-            return None
-        root = self.snapshot_root
-        count, total = snapshot_usage(root)
-        if self.budget_count is not None and count >= self.budget_count:
-            return (
-                f"snapshot budget reached: {count} bundles in {root} (limit {self.budget_count}); "
-                "move or delete old bundles, or raise --snapshot-budget-count"
-            )
-        if self.budget_bytes is not None and total >= self.budget_bytes:
-            return (
-                f"snapshot budget reached: {total / 2**20:.0f} MiB of bundles in {root} "
-                f"(limit {self.budget_bytes / 2**20:.0f} MiB); move or delete old bundles, "
-                "or raise --snapshot-budget-mb"
-            )
-        return None
+        return budget_problem(self.snapshot_root, self.budget_bytes, self.budget_count)
 
     def check_timeout(self) -> None:
         """Fail an armed capture whose engine has not stepped for ``ARM_TIMEOUT_S``; end a
@@ -331,16 +318,7 @@ class CaptureController:
         return slot
 
     def _start_profiler(self, job: CaptureJob) -> None:
-        from torch.profiler import profile, schedule
-
-        prof = profile(
-            activities=self._activities(),
-            schedule=schedule(wait=0, warmup=1, active=job.steps, repeat=1),
-            record_shapes=job.full,
-            profile_memory=job.full,
-            with_stack=job.full,
-            on_trace_ready=lambda p: None,  # exported by our own thread, not on the step loop
-        )
+        prof = new_profiler(job.steps, job.full)
         t0, c0 = _clk(), _cpu()
         prof.start()
         note_cost(job, "profiler_start", t0, c0)

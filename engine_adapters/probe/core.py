@@ -62,7 +62,11 @@ class Probe:
         prometheus_port: also serve Prometheus metrics on this port (None: off).
         captures: True to serve capture requests; a string refuses them with that
             reason (e.g. an engine whose compute runs in processes this probe cannot
-            profile); the Hello then does not advertise ``capture``.
+            profile); the Hello then does not advertise ``capture``.  A callable builds
+            the capture service instead of the probe's own controller (vLLM's workers
+            profile, ``vllm/core_capture.py``): it is called with ``snapshot_root``,
+            ``post``, ``writer`` (the probe's ``BundleWriter``), ``is_closed``,
+            ``export_windows``, ``idle_timeout_s``, ``budget_bytes``, ``budget_count``.
         capture_idle_timeout_s: a capture window whose engine runs no step for this
             long ends with a partial bundle, and the next capture is accepted.
         snapshot_budget_bytes: bundles in ``snapshot_root`` may use this many bytes; a
@@ -84,7 +88,7 @@ class Probe:
         warm_profiler: bool = True,
         sample_devices: bool = True,
         prometheus_port: int | None = None,
-        captures: bool | str = True,
+        captures: bool | str | Callable[..., Any] = True,
         capture_idle_timeout_s: float = IDLE_TIMEOUT_S,
         snapshot_budget_bytes: int | None = SNAPSHOT_BUDGET_BYTES,
         snapshot_budget_count: int | None = SNAPSHOT_BUDGET_COUNT,
@@ -116,21 +120,34 @@ class Probe:
             self.reader,
             self.reader.post_control,
         )
-        self._capture_ctl = CaptureController(
-            self.ring,
-            snapshot_root=self.snapshot_root,
-            post=self.reader.post_control,
-            export=writer.write,
-            is_closed=lambda: self.closed,
-            export_windows=exports,
-            idle_timeout_s=capture_idle_timeout_s,
-            budget_bytes=snapshot_budget_bytes,
-            budget_count=snapshot_budget_count,
-        )
-        if captures is not True:
-            self._capture_ctl.torch_error = captures or "this probe does not run captures"
-        if warm_profiler:
-            self._capture_ctl.warm()
+        self._capture_ctl: Any
+        if callable(captures):
+            self._capture_ctl = captures(
+                snapshot_root=self.snapshot_root,
+                post=self.reader.post_control,
+                writer=writer,
+                is_closed=lambda: self.closed,
+                export_windows=exports,
+                idle_timeout_s=capture_idle_timeout_s,
+                budget_bytes=snapshot_budget_bytes,
+                budget_count=snapshot_budget_count,
+            )
+        else:
+            self._capture_ctl = CaptureController(
+                self.ring,
+                snapshot_root=self.snapshot_root,
+                post=self.reader.post_control,
+                export=writer.write,
+                is_closed=lambda: self.closed,
+                export_windows=exports,
+                idle_timeout_s=capture_idle_timeout_s,
+                budget_bytes=snapshot_budget_bytes,
+                budget_count=snapshot_budget_count,
+            )
+            if captures is not True:
+                self._capture_ctl.torch_error = captures or "this probe does not run captures"
+            if warm_profiler:
+                self._capture_ctl.warm()
 
         self._publisher = Publisher(
             self.reader, self._stages, self._capture_ctl, self.engine_info, self.started_ns, host, port, token
@@ -204,6 +221,11 @@ class Probe:
         inbox.n_in += 1
 
     # -- readers (any thread) -----------------------------------------------------------
+
+    @property
+    def captures(self) -> Any:
+        """The capture service (the probe's ``CaptureController``, or what ``captures`` built)."""
+        return self._capture_ctl
 
     @property
     def stage_names(self) -> list[str]:

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 import weakref
 from typing import Any
@@ -95,24 +96,79 @@ def _write_trace_files(job: CaptureJob, tmp: str, sort: str) -> dict[str, Any]:
     return out
 
 
-def _export_forked(job: CaptureJob, tmp: str, sort: str) -> dict[str, Any] | None:
+MADV_DONTFORK, MADV_DOFORK = 10, 11
+"""Linux ``madvise`` advice: leave a range out of a fork's child (and take it back)."""
+
+
+def _madvise(ranges: list[tuple[int, int]], advice: int) -> int:
+    """``madvise(advice)`` over each (address, length) range; returns how many took it."""
+    global _libc
+    if not ranges:
+        return 0
+    if _libc is None:
+        try:
+            import ctypes
+
+            lib = ctypes.PyDLL(None, use_errno=True)  # keeps the GIL: a syscall of microseconds
+            lib.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            _libc = lib
+        except (OSError, AttributeError):
+            return 0
+    return sum(1 for a, n in ranges if _libc.madvise(a, n, advice) == 0)
+
+
+_libc: Any = None
+
+
+def page_ranges(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The whole pages inside each (address, bytes) span (a span's partial first and last
+    pages may hold other data, so they stay), merged; spans under 1 MiB are left out."""
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    out: list[tuple[int, int]] = []
+    for addr, nbytes in sorted(spans):
+        a = (addr + page - 1) // page * page
+        b = (addr + nbytes) // page * page
+        if b - a < 1 << 20:
+            continue
+        if out and a <= out[-1][0] + out[-1][1]:
+            s0, n0 = out[-1]
+            out[-1] = (s0, max(s0 + n0, b) - s0)
+        else:
+            out.append((a, b - a))
+    return out
+
+
+def _export_forked(
+    job: CaptureJob, tmp: str, sort: str, dontfork: list[tuple[int, int]] | None = None
+) -> dict[str, Any] | None:
     """``_write_trace_files`` in a forked child, so the engine keeps its GIL.
 
     The child is a copy of the engine taken after the profiler stopped: it holds the
     profiler's results and needs nothing from the engine's other threads (the locks it
     touches are malloc's and logging's, both reset across fork; it never touches CUDA).
     It runs at a lower priority (nice +5: the engine first; +10 starved it to minutes of export on a loaded 2-core box), writes its result as JSON and leaves with ``os._exit``.
+    ``dontfork``: page ranges the child never reads (tensor storage: a CPU server's KV
+    cache and weights), left out of it with ``MADV_DONTFORK`` for the fork's duration:
+    the fork copies the page tables of what it takes, with the GIL held, and a vLLM CPU
+    worker's 1 GiB KV cache made that ~40 ms of its step.  The child's exit tears that copy
+    down again: it runs at ``SCHED_IDLE`` by then, and the parent does not wait for it
+    (a vLLM CPU worker's exiting child held a core for ~50 ms, and the engine core,
+    on a loaded 2-core machine, did not step meanwhile).
     None when fork fails or the child dies or hangs without a result: the caller then
     exports in-thread, which is correct, only slow for the engine.
     """
     result = os.path.join(tmp, ".export-result.json")
-    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+    left_out = _madvise(dontfork or [], MADV_DONTFORK)
+    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()  # from here the GIL is held: the engine waits
     try:
         pid = os.fork()  # holds the GIL while the kernel copies the page tables: timed
     except OSError as exc:
+        _madvise(dontfork or [], MADV_DOFORK)
         log.warning("export fork failed (%s): exporting in-thread", exc)
         return None
     if pid != 0:
+        if left_out:
+            _madvise(dontfork or [], MADV_DOFORK)
         note_cost(job, "fork", t0, c0)
     if pid == 0:  # child: no logging, no exceptions out, no atexit
         code = 3
@@ -126,6 +182,10 @@ def _export_forked(job: CaptureJob, tmp: str, sort: str) -> dict[str, Any] | Non
                 json.dump(res, f)
             os.rename(result + ".part", result)
             code = 0
+            try:  # its exit tears down a copy of the engine's page tables: only on an idle CPU
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            except (AttributeError, OSError):
+                pass
         except BaseException:
             pass
         finally:
@@ -135,6 +195,9 @@ def _export_forked(job: CaptureJob, tmp: str, sort: str) -> dict[str, Any] | Non
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
+            break
+        if os.path.exists(result):  # done: its exit is reaped in the background
+            threading.Thread(target=_reap, args=(pid,), name="rltperf-export-reap", daemon=True).start()
             break
         if time.monotonic() > deadline:
             os.kill(pid, 9)
@@ -156,6 +219,14 @@ def _export_forked(job: CaptureJob, tmp: str, sort: str) -> dict[str, Any] | Non
         return None
     got["where"] = "child"
     return got
+
+
+def _reap(pid: int) -> None:
+    """Wait for an export child that has written its result and is exiting."""
+    try:
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
 
 
 def _count_trace(path: str) -> tuple[int, int]:
@@ -216,12 +287,14 @@ def release_results(prof: Any) -> bool:
     return True
 
 
-def export_trace_files(job: CaptureJob, tmp: str) -> dict[str, Any]:
+def export_trace_files(
+    job: CaptureJob, tmp: str, dontfork: list[tuple[int, int]] | None = None
+) -> dict[str, Any]:
     """``ops.txt`` and ``trace.json.gz`` of ``job``'s stopped profiler into ``tmp``: from
     a forked child when allowed and it works, else in this thread.  Returns ``files``,
     ``trace_bytes``, ``events``, ``steps_found``, ``error`` and ``where`` (``child`` or
-    ``thread``)."""
-    res = _export_forked(job, tmp, _sort_key()) if _fork_allowed() else None
+    ``thread``).  ``dontfork``: page ranges the child is not to have (``_export_forked``)."""
+    res = _export_forked(job, tmp, _sort_key(), dontfork) if _fork_allowed() else None
     if res is None:  # no fork here, or the child died: the same work in this thread (stalls the engine)
         res = _write_trace_files(job, tmp, _sort_key())
         res["where"] = "thread"

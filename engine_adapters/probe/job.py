@@ -7,11 +7,12 @@ probe.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CaptureJob", "ExportWindows", "note_cost"]
+__all__ = ["CaptureJob", "ExportWindows", "budget_problem", "note_cost", "snapshot_usage"]
 
 
 @dataclass
@@ -48,6 +49,15 @@ class CaptureJob:
     live_at_trigger: dict[str, Any] = field(default_factory=dict)
     trigger: Any = None
     """``TriggerInfo`` when a trigger rule asked for this capture."""
+    via: str | None = None
+    """How the capture was taken when not by this process's own profiler (``meta.json``
+    ``capture.via``): vLLM's workers, each with its own profiler."""
+    ranks: dict[str, dict[str, Any]] | None = None
+    """Worker captures: each rank's result (``RankResult`` fields: ``steps_found``,
+    ``events``, ``trace_bytes``, ``export_in``, ``costs``, ``error``); its files are in
+    the temp bundle's ``.rank-<rank>/``.  None: this process's profiler (``prof``)."""
+    expected_ranks: list[str] | None = None
+    """The ranks a worker capture was to hold."""
 
     @property
     def full(self) -> bool:
@@ -86,3 +96,43 @@ class ExportWindows:
     def overlap(self, start_ns: int, end_ns: int) -> bool:
         """True when [start, end] overlaps an export."""
         return any(end_ns >= s and (e is None or start_ns <= e) for s, e in self._w)
+
+
+def snapshot_usage(root: str) -> tuple[int, int]:
+    """(bundles, bytes) under ``root``: every folder not starting with ``.``, recursively."""
+    count = total = 0
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return 0, 0
+    for e in entries:
+        if e.name.startswith(".") or not e.is_dir(follow_symlinks=False):
+            continue
+        count += 1
+        for dirpath, _dirs, names in os.walk(e.path):
+            for n in names:
+                try:
+                    total += os.lstat(os.path.join(dirpath, n)).st_size
+                except OSError:
+                    pass
+    return count, total
+
+
+def budget_problem(root: str, budget_bytes: int | None, budget_count: int | None) -> str | None:
+    """Why the snapshot root has no room for another bundle, or None.  Nothing is
+    ever deleted to make room: the person decides what to keep."""
+    if budget_bytes is None and budget_count is None:
+        return None
+    count, total = snapshot_usage(root)
+    if budget_count is not None and count >= budget_count:
+        return (
+            f"snapshot budget reached: {count} bundles in {root} (limit {budget_count}); "
+            "move or delete old bundles, or raise --snapshot-budget-count"
+        )
+    if budget_bytes is not None and total >= budget_bytes:
+        return (
+            f"snapshot budget reached: {total / 2**20:.0f} MiB of bundles in {root} "
+            f"(limit {budget_bytes / 2**20:.0f} MiB); move or delete old bundles, "
+            "or raise --snapshot-budget-mb"
+        )
+    return None

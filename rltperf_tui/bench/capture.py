@@ -34,7 +34,8 @@ Step times come from the probe's own records (host monotonic clock, shared by al
 processes on the host), never from the client's clock.  Without ``--target`` the bench
 starts the reference engine (``rltperf engine --preset tiny --workload closed:4``) with its snapshots
 in a temporary folder; point ``--target`` at the reference engine (``rltperf engine``)
-or your own to measure that.
+or your own to measure that.  ``--vllm-url`` (with ``--target`` the plugin's probe):
+a vLLM server, rltperf's worker capture beside vLLM's own profiler (``capture_vllm.py``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 import engine_adapters
+from rltperf_tui.bench.capture_vllm import print_vllm, run_vllm
+from rltperf_tui.bench.feed import LIMIT_FACTOR, LIMIT_MS, Feed, unprofiled_steps_ms
 
 HELP = "capture cost: window start/end gaps, export overlap, RSS growth per capture, keypress-to-first-step"
 DESCRIPTION = __doc__ or HELP
@@ -62,8 +65,6 @@ COST_KEYS = tuple(
     f"{n}{u}" for n in ("profiler_start", "profiler_stop", "fork", "release") for u in ("_ms", "_cpu_ms")
 )
 """``meta.json`` ``capture.engine_cost``: the probe's wall and thread-CPU time of each."""
-LIMIT_FACTOR, LIMIT_MS = 3.0, 20.0
-"""A step or gap over LIMIT_FACTOR × unprofiled p50 + LIMIT_MS counts as a stall."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,6 +96,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--pid", type=int, default=None, help="the --target engine's process id: its RSS from /proc"
     )
     p.add_argument("--token", default=None, help="probe token for non-loopback targets")
+    p.add_argument(
+        "--vllm-url",
+        default=None,
+        metavar="URL",
+        help="a vLLM server (http://HOST:PORT) with rltperf's plugin and --profiler-config; --target is its "
+        "plugin probe: compares rltperf's worker capture with vLLM's own profiler (first of --modes)",
+    )
+    p.add_argument(
+        "--load", type=int, default=0, metavar="C", help="--vllm-url: C closed-loop clients (default 0)"
+    )
 
 
 def _start_engine(snap: str, workload: str) -> tuple[subprocess.Popen[str], str, str]:
@@ -135,42 +146,7 @@ def _med(v: list[float]) -> float | None:
     return statistics.median(v) if v else None
 
 
-class _Feed:
-    """The session's records: step history, latest RSS, and the replies to one capture."""
-
-    def __init__(self, session: Any, pid: int | None) -> None:
-        self.session = session
-        self.pid = pid
-        self.history: list[Any] = []
-        self.rss: int | None = None
-
-    def read(self, seconds: float, until: Any = None) -> Any:
-        """Read for ``seconds`` (or until ``until(record)`` is true); the matching record."""
-        from engine_adapters.definitions.records import DeviceSample, StepRecord
-
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            for r in self.session.read(min(0.2, max(0.01, end - time.monotonic()))):
-                if isinstance(r, StepRecord):
-                    self.history.append(r)
-                elif isinstance(r, DeviceSample) and r.proc_rss:
-                    self.rss = r.proc_rss
-                elif until is not None and until(r):
-                    return r
-        return None
-
-    def rss_bytes(self) -> int | None:
-        """The engine's resident memory now: /proc when local, else the probe's last sample."""
-        if self.pid is not None:
-            try:
-                with open(f"/proc/{self.pid}/statm", encoding="ascii") as f:
-                    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            except OSError:
-                pass
-        return self.rss
-
-
-def _capture(feed: _Feed, mode: str, steps: int) -> tuple[Any, int]:
+def _capture(feed: Feed, mode: str, steps: int) -> tuple[Any, int]:
     """One capture; (its reply, client send time)."""
     from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Refused
 
@@ -186,8 +162,8 @@ def _capture(feed: _Feed, mode: str, steps: int) -> tuple[Any, int]:
     return result, t_send
 
 
-def _one_capture(feed: _Feed, mode: str, steps: int) -> dict[str, Any]:
-    from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP, CaptureDone
+def _one_capture(feed: Feed, mode: str, steps: int) -> dict[str, Any]:
+    from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, CaptureDone
 
     result, t_send = _capture(feed, mode, steps)
     history = feed.history
@@ -211,11 +187,7 @@ def _one_capture(feed: _Feed, mode: str, steps: int) -> dict[str, Any]:
         return (b.start_ns - a.end_ns) / 1e6 if a is not None and b is not None else None
 
     first = by_id.get(ids[0]) if ids else None
-    base = [
-        ms(r)
-        for r in history
-        if r.end_ns < req_ns and not r.flags & (FLAG_PROFILED | FLAG_EXPORTING | FLAG_WARMUP)
-    ][-400:]
+    base = unprofiled_steps_ms(history, req_ns)
     captured = [ms(by_id[i]) for i in ids if i in by_id]
     exporting = [ms(r) for r in history if r.flags & FLAG_EXPORTING and r.start_ns > req_ns]
     w0 = cap.get("window_end_ns")
@@ -267,7 +239,7 @@ def _one_capture(feed: _Feed, mode: str, steps: int) -> dict[str, Any]:
     return out
 
 
-def _rss_run(feed: _Feed, mode: str, steps: int, count: int, warmup: int) -> dict[str, Any]:
+def _rss_run(feed: Feed, mode: str, steps: int, count: int, warmup: int) -> dict[str, Any]:
     """``count`` sequential captures, the engine's RSS (MB) before and after each; then
     as long again without captures (the engine's own drift, e.g. a young engine still
     growing its caches), read the same way."""
@@ -323,6 +295,11 @@ def _rss_run(feed: _Feed, mode: str, steps: int, count: int, warmup: int) -> dic
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from engine_adapters.monitor.registry import adapter_for
 
+    if getattr(args, "vllm_url", None):
+        if not args.target:
+            raise SystemExit("rltperf bench capture: --vllm-url needs --target tcp://<the plugin's probe>")
+        return run_vllm(args)
+
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     workload = getattr(args, "workload", "closed:4")
     rss_count = getattr(args, "rss_captures", 0)
@@ -340,7 +317,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.token:
             opts["token"] = args.token
         pid = proc.pid if proc is not None else getattr(args, "pid", None)
-        feed = _Feed(adapter_for(target, **opts).connect(), pid)
+        feed = Feed(adapter_for(target, **opts).connect(), pid)
         try:
             feed.read(1.5)  # unprofiled steps to compare against
             runs = []
@@ -399,6 +376,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_text(r: dict[str, Any]) -> None:
+    if r.get("kind") == "vllm":
+        return print_vllm(r)
+
     def f(v: Any, fmt: str = "{:.2f}") -> str:
         return "n/a" if v is None else fmt.format(v)
 

@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
                                     "mode": r.mode,
                                     "complete": r.note is None and r.steps_captured == r.steps_requested,
                                     "note": r.note,
+                                    "via": r.via,
                                 },
                                 indent=2,
                             )
@@ -112,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
                             f"{r.trace_bytes / 1024:.0f} KiB trace, {r.events} events, export {r.export_s:.2f} s",
                             file=sys.stderr,
                         )
+                    if r.via:
+                        print(f"  via {r.via}", file=sys.stderr)
                     if r.note:
                         print(f"  partial: {r.note}", file=sys.stderr)
                     return 0

@@ -129,6 +129,9 @@ class CaptureView:
     """From ``CaptureDone.note``: e.g. the engine could not honour the requested mode."""
     trigger: str | None = None
     """The trigger rule (and value) that asked for this capture; None: a key press."""
+    via: str | None = None
+    """From ``CaptureDone.via``: the path the capture took (rltperf in vLLM's workers,
+    vLLM's own profiler); None: the engine's own probe."""
 
 
 @dataclass
@@ -247,6 +250,7 @@ class StreamState:
             c.bundle, c.trace_bytes, c.events, c.export_s = r.bundle, r.trace_bytes, r.events, r.export_s
             c.steps_done = r.steps_captured
             c.note = r.note
+            c.via = r.via
         elif isinstance(r, CaptureFailed):
             c.state, c.error, c.bundle = "failed", r.reason, r.bundle
 

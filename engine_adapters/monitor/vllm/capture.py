@@ -74,6 +74,10 @@ from engine_adapters.monitor.vllm.trace_files import (
 
 log = logging.getLogger("rltperf.vllm.capture")
 
+VIA = "vLLM's own profiler (--profiler-config)"
+"""``CaptureDone.via``: the path a capture of this adapter takes."""
+VIA_DETAIL = "vLLM's own profiler (POST /start_profile, /stop_profile)"
+"""``meta.json`` ``capture.via``."""
 NO_STEP_TIMEOUT_S = 60.0
 """A capture whose engine runs no step for this long is stopped and fails (idle server)."""
 EXPORT_TIMEOUT_S = 900.0
@@ -362,6 +366,7 @@ class HttpCapture(threading.Thread):
             events=facts.events,
             export_s=export_s,
             note=note,
+            via=VIA,
         )
         log.info("vLLM capture %s -> %s", job.capture_id, path)
 
@@ -404,7 +409,7 @@ class HttpCapture(threading.Thread):
         capture = CaptureMeta(
             capture_id=job.capture_id,
             label=job.label or None,
-            via="vLLM's own profiler (POST /start_profile, /stop_profile)",
+            via=VIA_DETAIL,
             mode=job.mode,
             mode_honoured=note is None if facts.events else None,
             mode_note=note,

@@ -29,7 +29,11 @@ pass, exits, KV per depth, busy time and bytes/FLOPs from the model's structure
 ring file, ``RLTPERF_LOOP_RING`` (set here, inherited by the engine cores and their
 workers) with its ranks in the name, and the engine core reads its workers' rings;
 ``RLTPERF_LOOP_TIMING=0`` turns that recording off.  With ``--data-parallel-size`` each
-engine core runs its own probe on the port + its DP rank.  ``VLLM_PLUGINS`` can exclude
+engine core runs its own probe on the port + its DP rank.  Captures (``c`` / ``f``,
+``rltperf capture``) run in the workers, each with its own ``torch.profiler``, driven
+by the engine core's probe through a small control block per worker
+(``core_capture.py``, ``worker_capture.py``, ``worker_hooks.py``): no
+``--profiler-config``, no restart.  ``VLLM_PLUGINS`` can exclude
 the plugin.  For tests only: ``RLTPERF_INJECT_FAULTS`` and ``RLTPERF_INJECT_SLOW``
 (``faults.py``).
 What depends on vLLM's internals (and the supported version range) is in ``hooks.py``.
@@ -80,10 +84,16 @@ def register() -> None:
     if not listen or _registered:
         return
     _registered = True
+    from engine_adapters.probe.vllm import capture_block
     from engine_adapters.probe.vllm.ouro import loopring
 
     # the model (in vLLM's worker) writes its per-loop records here; the tap reads them
     os.environ.setdefault(loopring.ENV_RING, loopring.default_path())
+    # each worker's capture control block (worker_hooks.py) goes here; the tap drives it
+    os.environ.setdefault(capture_block.ENV_CTL, capture_block.default_base())
     from engine_adapters.probe.vllm import hooks
 
-    hooks.enable(listen)
+    if hooks.enable(listen):
+        from engine_adapters.probe.vllm import worker_hooks
+
+        worker_hooks.install()

@@ -86,6 +86,8 @@ class CapturesPanel(Panel):
                 lines.append([("  triggered by ", "$text-muted"), (c.trigger, "bold $accent")])
             if c.state == "saved":
                 lines.append([(f"  trace {size(c.trace_bytes)} · {c.events or 0:,} events", "")])
+                if c.via:  # which path the capture took (vLLM: rltperf's workers or vLLM's profiler)
+                    lines.append([("  via " + elide(c.via, max(10, width - 6)), "$text-muted")])
             if c.state in ("failed", "refused"):
                 text = c.error or "no reason given"
                 step = max(10, width - 2)

@@ -3,7 +3,8 @@
 One server for the module (``multirank_servers.start``), whose worker ``tp1`` is made a
 straggler (``RLTPERF_INJECT_SLOW=dp0-tp1:10``: 10 ms of sleep inside each of its
 forwards).  Under load, ``rltperf record`` records the plugin's probe and ``rltperf
-capture`` takes 4 steps through vLLM's profiler; the tests check the recording against
+capture`` takes 4 steps through vLLM's profiler, then 4 through rltperf's own capture in
+both workers (``tcp://`` the plugin's probe); the tests check the recording against
 vLLM's own token counter, each rank against its own busy time, the straggler on the
 screen and in ``summary --json``, the bundle's ranks in ``report``, and last, that a
 fault injected at each of the plugin's call sites stops recording only.
@@ -11,6 +12,7 @@ fault injected at each of the plugin's call sites stops recording only.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -90,13 +92,16 @@ def tp2_run(tp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
         cap = _cli(
             tp2, "capture", f"vllm+http://127.0.0.1:{tp2.port}", "--steps", "4", "--json", "--timeout", "150"
         )
+        # rltperf's own capture in both workers, through the plugin's probe (issue 23)
+        wcap = _cli(tp2, "capture", f"tcp://{tp2.probe}", "--steps", "4", "--json", "--timeout", "150")
     finally:
         stop.set()
         t.join(90)
     assert cap.returncode == 0, cap.stderr[-3000:]
+    assert wcap.returncode == 0, wcap.stderr[-3000:]
     _meta, records = read_all(rec)
     return {"rec": rec, "records": records, "load": load, "generated": after - before,
-            "capture": json.loads(cap.stdout)}  # fmt: skip
+            "capture": json.loads(cap.stdout), "worker_capture": json.loads(wcap.stdout)}  # fmt: skip
 
 
 def test_the_hello_says_which_ranks_the_stream_holds(tp2_run: dict[str, Any]) -> None:
@@ -189,6 +194,29 @@ def test_the_capture_holds_both_ranks_and_report_says_so(tp2: Server, tp2_run: d
     assert set(ranks["held"]) == {"dp0-tp0", "dp0-tp1"}
     assert all((bundle / f).is_file() for f in ranks["held"].values())
     assert meta["engine"]["tp_size"] == 2 and meta["engine"]["ranks"] == ["tp0", "tp1"]
+    r = _cli(tp2, "report", str(bundle))
+    assert "2/2 ranks" in r.stdout, r.stdout[:3000]
+
+
+def test_rltperfs_worker_capture_holds_both_ranks_traces_of_the_same_steps(
+    tp2: Server, tp2_run: dict[str, Any]
+) -> None:
+    cap = tp2_run["worker_capture"]
+    assert cap["complete"] is True and cap["steps_captured"] == 4, cap
+    assert "2/2 ranks" in cap["via"], cap
+    bundle = Path(cap["bundle"])
+    meta = json.loads((bundle / "meta.json").read_text())
+    c = meta["capture"]
+    assert c["ranks"] == {"expected": ["dp0-tp0", "dp0-tp1"], "missing": [],
+                          "held": {"dp0-tp0": "trace.json.gz", "dp0-tp1": "trace_dp0-tp1.json.gz"}}  # fmt: skip
+    ids = []
+    for name in c["ranks"]["held"].values():  # each rank's trace: the same four engine steps
+        with gzip.open(bundle / name, "rt", encoding="utf-8") as f:
+            events = json.load(f)["traceEvents"]
+        assert sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#")) == 4
+        ids.append(sorted(int(e["name"].split("#")[1]) for e in events
+                          if str(e.get("name", "")).startswith("rltperf.step#")))  # fmt: skip
+    assert ids[0] == ids[1] == c["step_ids"], ids
     r = _cli(tp2, "report", str(bundle))
     assert "2/2 ranks" in r.stdout, r.stdout[:3000]
 

@@ -261,7 +261,7 @@ def plugin_run(vllm_server: Server) -> dict[str, Any]:
         if cur != last:
             last, stable_since = cur, time.monotonic()
         time.sleep(0.2)
-    refused = _capture(session, col, 4, "ops", None)
+    refused = _capture(session, col, 4, "ops", None)  # of the quiet server
     col.stop()
     return {
         "hello": hello,
@@ -314,7 +314,7 @@ def test_plugin_request_records_match_the_client(plugin_run: dict[str, Any]) -> 
     assert 0 < plugin_ttft <= client_ttft * 1.1 + 2.0, (plugin_ttft, client_ttft)
 
 
-def test_plugin_reports_vllm_config_and_refuses_captures(plugin_run: dict[str, Any]) -> None:
+def test_plugin_reports_vllm_config_and_captures_in_the_workers(plugin_run: dict[str, Any]) -> None:
     info = plugin_run["hello"].engine
     assert info.name == "vllm" and info.version.startswith("0.32")
     assert info.max_requests and info.token_budget and info.kv_capacity_blocks and info.dtype == "float32"
@@ -322,9 +322,13 @@ def test_plugin_reports_vllm_config_and_refuses_captures(plugin_run: dict[str, A
         "on",
         "off",
     )
-    assert "capture" not in plugin_run["hello"].capabilities
-    refused = plugin_run["refused"]
-    assert isinstance(refused, Refused) and "vllm+http://" in refused.reason
+    # captures run in vLLM's workers (issue 23); asked of the quiet server, this one ends
+    # as a partial bundle after the idle timeout
+    assert "capture" in plugin_run["hello"].capabilities
+    idle = plugin_run["refused"]
+    assert isinstance(idle, CaptureDone), idle
+    assert idle.steps_captured == 0 and "idle timeout" in (idle.note or ""), idle
+    assert "vLLM's workers" in (idle.via or ""), idle
 
 
 _INERT_CHECK = r"""

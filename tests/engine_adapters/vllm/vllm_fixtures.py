@@ -145,16 +145,20 @@ def wait_group_gone(pgid: int, timeout: float) -> bool:
     return True
 
 
-def start_server(root: Path, extra_env: dict[str, str] | None = None) -> Server:
+def start_server(root: Path, extra_env: dict[str, str] | None = None, profiler: bool = True) -> Server:
     """Build the tiny Llama under ``root`` and serve it (``serve``: see the module docstring)."""
     sys.path.insert(0, str(Path(__file__).parent))
     import tiny_model
 
-    return serve(root, tiny_model.build(root / "model"), extra_env=extra_env)
+    return serve(root, tiny_model.build(root / "model"), extra_env=extra_env, profiler=profiler)
 
 
 def serve(
-    root: Path, model: Path, extra_args: list[str] | None = None, extra_env: dict[str, str] | None = None
+    root: Path,
+    model: Path,
+    extra_args: list[str] | None = None,
+    extra_env: dict[str, str] | None = None,
+    profiler: bool = True,
 ) -> Server:
     """Serve the model directory ``model`` as the tests do, from the scratch folder ``root``.
 
@@ -163,7 +167,9 @@ def serve(
     estimates), ``--enable-logging-iteration-details`` (vLLM logs ``Iteration(N)`` per
     step), ``--seed 0``, float32, 512 tokens of context, served as ``MODEL_NAME``; the
     rltperf plugin's probe on a free port (``RLTPERF_PROBE``); every cache and temporary
-    file under ``root``.  ``extra_args`` are appended (``--hf-overrides``, ``--load-format``...)."""
+    file under ``root``.  ``extra_args`` are appended (``--hf-overrides``, ``--load-format``...).
+    ``profiler=False``: no ``--profiler-config`` (started the way people start vLLM:
+    ``/start_profile`` does not exist; rltperf's worker captures still work)."""
     prof = root / "prof"
     prof.mkdir()
     tmp = root / "tmp"
@@ -191,8 +197,8 @@ def serve(
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
         "--max-model-len", "512", "--enforce-eager", "--seed", "0", "--enable-mfu-metrics",
-        "--enable-logging-iteration-details", "--profiler-config", json.dumps(profiler_config),
-        *(extra_args or []),
+        "--enable-logging-iteration-details",
+        *(["--profiler-config", json.dumps(profiler_config)] if profiler else []), *(extra_args or []),
     ]  # fmt: skip
     return launch(cmd, env, root, port, probe, prof, model)
 

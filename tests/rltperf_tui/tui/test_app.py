@@ -416,6 +416,30 @@ async def test_capture_states_on_screen() -> None:
         )
 
 
+@sync
+async def test_the_captures_panel_says_which_path_a_vllm_capture_took() -> None:
+    """A vLLM server's capture: rltperf inside its workers (with the ranks held), or vLLM's
+    own profiler; the panel says which (``CaptureDone.via``); the probe's own says nothing."""
+    from engine_adapters.definitions.records import CaptureDone
+
+    app = MonitorApp([replay_spec()])
+    async with app.run_test(size=(120, 40)) as pilot:
+        h = app.handles[0]
+        await wait_for(pilot, lambda: h.stats.state == "ended", what="end")
+        vias = {"w": "rltperf in vLLM's workers, traces of 2/2 ranks (dp0-tp0, dp0-tp1)",
+                "v": "vLLM's own profiler (--profiler-config)", "p": None}  # fmt: skip
+        for cid, via in vias.items():
+            h.stats.note_capture_request(cid, "ops", 4)
+            h.stats.add([CaptureDone(capture_id=cid, bundle=f"/snap/{cid}_ops_4steps", steps_requested=4,
+                                     steps_captured=4, trace_bytes=2048, events=100, export_s=0.2, via=via)])  # fmt: skip
+        app.force_render()
+        await pilot.pause(0.05)
+        text = panel_text(app, CapturesPanel)
+        assert "via rltperf in vLLM's workers, traces of 2/2 ranks" in text, text  # (the ranks elided to fit)
+        assert "via vLLM's own profiler (--profiler-config)" in text, text
+        assert text.count("via ") == 2, text
+
+
 def _recording_span_s() -> float:
     """The fixture recording's span in data time, from its records' own clocks."""
     from engine_adapters.definitions.records import DeviceSample, RequestRecord, Stats
