@@ -241,12 +241,18 @@ def test_the_port_polling_thread_stops_after_its_backoff(
     saying why (it polled /proc every second for ten minutes)."""
     path = tmp_path / "a.json"
     path.write_text("{}")
-    doc = {"api_pid": os.getpid(), "listen": []}  # this test process listens on nothing
-    done = threading.Event()
-    t0 = time.monotonic()
-    with caplog.at_level(logging.INFO, logger="vllm.rltperf"):
-        added = announce._add_listen(str(path), doc, done, backoff=(0.05, 0.1, 0.2))
-    took = time.monotonic() - t0
+    # a process that listens on nothing (not this one: earlier tests' probes may listen here)
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        doc = {"api_pid": idle.pid, "listen": []}
+        done = threading.Event()
+        t0 = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="vllm.rltperf"):
+            added = announce._add_listen(str(path), doc, done, backoff=(0.05, 0.1, 0.2))
+        took = time.monotonic() - t0
+    finally:
+        idle.kill()
+        idle.wait()
     assert added is False and 0.3 <= took < 5.0
     assert any("did not listen within" in m for m in caplog.messages), caplog.messages
     assert path.read_text() == "{}"
