@@ -37,7 +37,7 @@ from time import perf_counter_ns as _clk
 from time import thread_time_ns as _cpu
 from typing import Any
 
-from engine_adapters.definitions.bundle import capture_id_problem, capture_request_problem, sanitize_label
+from engine_adapters.definitions.bundle import sanitize_label
 from engine_adapters.definitions.records import (
     FLAG_PROFILED,
     FLAG_PROFILER_WARMUP,
@@ -49,7 +49,14 @@ from engine_adapters.definitions.records import (
     Refused,
 )
 from engine_adapters.probe.export import release_results
-from engine_adapters.probe.job import CaptureJob, ExportWindows, budget_problem, note_cost, snapshot_usage
+from engine_adapters.probe.job import (
+    CaptureJob,
+    ExportWindows,
+    budget_problem,
+    note_cost,
+    request_refusal,
+    snapshot_usage,
+)
 from engine_adapters.probe.ring import ObservedStep, StepRing, StepSlot
 
 log = logging.getLogger("rltperf.probe.capture")
@@ -177,19 +184,11 @@ class CaptureController:
 
     def request(self, cap: Capture, live: dict[str, Any]) -> Refused | None:
         """Arm a capture; returns a ``Refused`` to send back when it cannot be armed."""
-        bad_id = capture_id_problem(cap.capture_id)
-        if bad_id:
-            return Refused(reason=bad_id, capture_id=None)
-        if self.torch_error:
-            return Refused(reason=self.torch_error, capture_id=cap.capture_id)
-        bad = capture_request_problem(cap.steps, cap.mode)
-        if bad:
-            return Refused(reason=bad, capture_id=cap.capture_id)
-        if self._is_closed():
-            return Refused(reason="the engine is shutting down", capture_id=cap.capture_id)
-        over = self._over_budget()
-        if over:
-            return Refused(reason=over, capture_id=cap.capture_id)
+        refused = request_refusal(
+            cap, self.torch_error, self._is_closed(), self.snapshot_root, self.budget_bytes, self.budget_count
+        )
+        if refused is not None:
+            return refused
         with self._lock:
             job = self.job
             if job is not None:

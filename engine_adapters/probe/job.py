@@ -12,6 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine_adapters.definitions.bundle import capture_id_problem, capture_request_problem
+from engine_adapters.definitions.records import Refused
+
 __all__ = ["CaptureJob", "ExportWindows", "budget_problem", "note_cost", "snapshot_usage"]
 
 
@@ -136,3 +139,26 @@ def budget_problem(root: str, budget_bytes: int | None, budget_count: int | None
             "or raise --snapshot-budget-mb"
         )
     return None
+
+
+def request_refusal(
+    cap: Any,
+    torch_error: str | None,
+    closed: bool,
+    root: str,
+    budget_bytes: int | None,
+    budget_count: int | None,
+) -> Any:
+    """The ``Refused`` a capture request gets before it may be armed, on every capture path
+    (the probe's own, the vLLM workers'): a bad id, no profiler, a bad N or mode, an engine
+    shutting down, a full snapshot budget; None when it may be armed."""
+    bad_id = capture_id_problem(cap.capture_id)
+    if bad_id:
+        return Refused(reason=bad_id, capture_id=None)
+    why = (
+        torch_error
+        or capture_request_problem(cap.steps, cap.mode)
+        or ("the engine is shutting down" if closed else None)
+        or budget_problem(root, budget_bytes, budget_count)
+    )
+    return Refused(reason=why, capture_id=cap.capture_id) if why else None

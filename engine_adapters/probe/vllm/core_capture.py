@@ -37,8 +37,6 @@ from time import perf_counter_ns as _clk
 from typing import Any
 
 from engine_adapters.definitions.bundle import (
-    capture_id_problem,
-    capture_request_problem,
     sanitize_label,
     temp_bundle_dir,
 )
@@ -52,7 +50,7 @@ from engine_adapters.definitions.records import (
     CaptureStarted,
     Refused,
 )
-from engine_adapters.probe.job import CaptureJob, ExportWindows, budget_problem
+from engine_adapters.probe.job import CaptureJob, ExportWindows, request_refusal
 from engine_adapters.probe.vllm import capture_block as cb
 
 log = logging.getLogger("vllm.rltperf")
@@ -124,19 +122,11 @@ class WorkerCaptures:
 
     def request(self, cap: Capture, live: dict[str, Any]) -> Refused | None:
         """Arm a capture; a ``Refused`` when it cannot be."""
-        bad_id = capture_id_problem(cap.capture_id)
-        if bad_id:
-            return Refused(reason=bad_id, capture_id=None)
-        if self.torch_error:
-            return Refused(reason=self.torch_error, capture_id=cap.capture_id)
-        bad = capture_request_problem(cap.steps, cap.mode)
-        if bad:
-            return Refused(reason=bad, capture_id=cap.capture_id)
-        if self._is_closed():
-            return Refused(reason="the engine is shutting down", capture_id=cap.capture_id)
-        over = budget_problem(self.snapshot_root, self.budget_bytes, self.budget_count)
-        if over:
-            return Refused(reason=over, capture_id=cap.capture_id)
+        refused = request_refusal(
+            cap, self.torch_error, self._is_closed(), self.snapshot_root, self.budget_bytes, self.budget_count
+        )
+        if refused is not None:
+            return refused
         with self._lock:
             if self.job is not None:
                 j = self.job
