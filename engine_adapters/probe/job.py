@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine_adapters.definitions.bundle import capture_id_problem, capture_request_problem
-from engine_adapters.definitions.records import Refused
+from engine_adapters.definitions.records import Capture, Refused
 
 __all__ = ["CaptureJob", "ExportWindows", "budget_problem", "note_cost", "snapshot_usage"]
 
@@ -142,13 +142,13 @@ def budget_problem(root: str, budget_bytes: int | None, budget_count: int | None
 
 
 def request_refusal(
-    cap: Any,
+    cap: Capture,
     torch_error: str | None,
     closed: bool,
     root: str,
     budget_bytes: int | None,
     budget_count: int | None,
-) -> Any:
+) -> Refused | None:
     """The ``Refused`` a capture request gets before it may be armed, on every capture path
     (the probe's own, the vLLM workers'): a bad id, no profiler, a bad N or mode, an engine
     shutting down, a full snapshot budget; None when it may be armed."""
