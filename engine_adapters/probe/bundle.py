@@ -41,7 +41,7 @@ from engine_adapters.definitions.energy import readings_by_device
 from engine_adapters.definitions.figures import EXCLUDED_FLAGS
 from engine_adapters.definitions.ranks import ranks_held
 from engine_adapters.definitions.records import CaptureFailed, EngineInfo, StepRecord, to_builtins
-from engine_adapters.probe.export import export_trace_files, release_results
+from engine_adapters.probe.export import RELEASE_PAUSE_S, export_trace_files, release_results
 from engine_adapters.probe.job import CaptureJob, note_cost
 
 log = logging.getLogger("rltperf.probe.bundle")
@@ -130,7 +130,7 @@ class BundleWriter:
             # The child is done with the results: free them now, inside the export window
             # (the steps this slows are flagged), not at some later garbage collection.
             t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
-            release_results(job.prof)
+            release_results(job.prof, RELEASE_PAUSE_S)
             job.prof = None
             note_cost(job, "release", t1, c1)
         trace_bytes, events, steps_found = res["trace_bytes"], res["events"], res["steps_found"]

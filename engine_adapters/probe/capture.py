@@ -1,20 +1,21 @@
 """Bounded profiler captures inside the engine process.
 
 A ``Capture`` request (from any subscriber) arms the controller.  At the next step
-boundary the engine thread starts ``torch.profiler`` with a schedule of one warm-up step
-and ``N`` active steps (``wait=0, warmup=1, active=N, repeat=1``): the trace then holds
-exactly one ``ProfilerStep#k`` span per captured step (without a schedule, torch 2.13's
-``prof.step()`` writes no such spans).  After the N-th step the profiler stops, on the
-engine thread: the one piece of capture work on the step loop, and not a small one.
-torch 2.13's ``_disable_profiler()`` ends collection *and* post-processes every
-collected event in C++ with the GIL held (records materialised, the event tree built,
-events handed to Kineto), and no torch call ends collection without it; the Python-side
-processing (``key_averages``, the trace export) is not there but in the export.  The
-export (operator table, Chrome trace, bundle) then runs in its own thread, from a forked
-child (``export.py``); the steps that overlap it are flagged ``FLAG_EXPORTING`` by the
-publisher.  At its end the results are freed (``export.release_results``): a stopped
-``torch.profiler.profile`` refers to itself, and left to the garbage collector each
-capture's results stayed in the engine's memory.
+boundary the engine thread starts the profiler (``new_profiler``): one warm-up step, in
+which it is only prepared, then ``N`` active steps, each in one ``ProfilerStep#k`` span.
+The window runs as consecutive ``torch.profiler`` sessions of a few steps each
+(``segments.SegmentedProfile``): stopping a session post-processes every event it
+collected, in C++ with the GIL held, on the thread that started it (torch 2.13's
+``_disable_profiler``; no torch call ends collection without it), so one session over
+the whole window put all of that in the gap after its last step (issue 20 §1).  Each
+boundary now stops a segment whose stop cost the previous one measured to be near
+``segments.SEGMENT_BUDGET_MS`` (one step when a step alone costs more).  The
+Python-side processing (``key_averages``, the trace export, the segments' merge) is not
+on the step loop but in the export, which runs in its own thread, from a forked child
+(``export.py``); the steps that overlap it are flagged ``FLAG_EXPORTING`` by the
+publisher.  At its end the results are freed, one segment at a time
+(``export.release_results``): a stopped ``torch.profiler.profile`` refers to itself, and
+left to the garbage collector each capture's results stayed in the engine's memory.
 
 A window whose engine stops stepping (an idle server between bursts) ends after
 ``idle_timeout_s`` without a step: a partial bundle (``complete: false``, the reason in
@@ -85,20 +86,23 @@ def activities() -> list[Any]:
 
 
 def new_profiler(steps: int, full: bool) -> Any:
-    """A capture's ``torch.profiler.profile`` (not started): one warm-up step then ``steps``
-    active ones (so the trace holds one ``ProfilerStep#k`` span per captured step); full
-    mode records shapes, memory and stacks.  Shared by every capture path (the probe's,
-    vLLM's workers')."""
-    from torch.profiler import profile, schedule
+    """A capture's profiler (not started): one warm-up step then ``steps`` active ones,
+    in segments (``segments.SegmentedProfile``: no step boundary stops more than a few
+    steps' events), one ``ProfilerStep#k`` span per captured step; full mode records
+    shapes, memory and stacks.  Shared by every capture path (the probe's, vLLM's
+    workers')."""
+    from torch.profiler import profile
 
-    return profile(
-        activities=activities(),
-        schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
-        record_shapes=full,
-        profile_memory=full,
-        with_stack=full,
-        on_trace_ready=lambda p: None,  # exported by our own thread, not on the step loop
-    )
+    from engine_adapters.probe.segments import SegmentedProfile
+
+    acts = activities()
+
+    def make() -> Any:
+        return profile(activities=acts, record_shapes=full, profile_memory=full, with_stack=full)
+
+    seg = SegmentedProfile(steps, make)
+    seg.full = full
+    return seg
 
 
 def warm_profiler() -> float:
@@ -367,7 +371,7 @@ class CaptureController:
                 rf.__exit__(None, None, None)
             except Exception:
                 pass
-        # After the last step the schedule stops the profiler inside this call.
+        # At a segment boundary this stops one segment and starts the next; after the last step, the window.
         t0, c0 = _clk(), _cpu()
         try:
             job.prof.step()
@@ -411,7 +415,7 @@ class CaptureController:
         self.stage_ends()
         try:
             job.prof.stop()
-        except Exception as exc:  # already stopped by the schedule, or broken
+        except Exception as exc:  # already stopped by its last step, or broken
             log.debug("profiler stop: %s", exc)
 
     # -- export thread -------------------------------------------------------------------

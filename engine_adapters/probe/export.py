@@ -254,8 +254,17 @@ def _ops_table(job: CaptureJob, sort: str) -> str:
     return header + ka.table(sort_by=sort, row_limit=TOP_OPS_ROWS, max_name_column_width=60)
 
 
-def release_results(prof: Any) -> bool:
+RELEASE_PAUSE_S = 0.002
+"""An export thread's pause between freeing two segments' results (``release_results``)."""
+
+
+def release_results(prof: Any, pause_s: float = 0.0) -> bool:
     """Free a stopped profiler's results now (any thread); True when they are gone.
+
+    Freeing holds the GIL: ~15 ms per step of a full-mode window here (every event's
+    shapes and stacks).  A segmented window (``segments.SegmentedProfile``) is freed one
+    segment at a time, sleeping ``pause_s`` between two (an export thread passes
+    ``RELEASE_PAUSE_S``) so the engine thread takes the GIL back in between.
 
     ``torch.profiler.profile`` refers to itself (its ``action_map`` holds its own bound
     methods), so dropping the last reference to it frees nothing: its results (every
@@ -266,6 +275,11 @@ def release_results(prof: Any) -> bool:
     ``prof.profiler`` frees them here; clearing ``action_map`` frees the rest.
     """
     if prof is None:
+        return True
+    from engine_adapters.probe.segments import SegmentedProfile
+
+    if isinstance(prof, SegmentedProfile):  # each of its sessions, through this function
+        prof.release(pause_s)
         return True
     inner = getattr(prof, "profiler", None)
     if inner is None:

@@ -41,6 +41,7 @@ a vLLM server, rltperf's worker capture beside vLLM's own profiler (``capture_vl
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -201,6 +202,9 @@ def _one_capture(feed: Feed, mode: str, steps: int) -> dict[str, Any]:
             rate_ratio = (len(inside) / ((w1 - w0) / 1e9)) / (len(before) / span)
     warm_id = cap.get("profiler_warmup_step")
     warm = by_id.get(warm_id) if warm_id is not None else None
+    pairs = [(warm_id, ids[0])] if ids and warm_id is not None else []
+    pairs += list(itertools.pairwise(ids))
+    inside_gaps = [g for a, b in pairs if (g := gap(by_id.get(a), by_id.get(b))) is not None]
     out: dict[str, Any] = {
         "mode": mode,
         "bundle": result.bundle,
@@ -223,6 +227,9 @@ def _one_capture(feed: Feed, mode: str, steps: int) -> dict[str, Any]:
         "window_start_gap_ms": gap(by_id.get(warm_id - 1), warm) if warm_id is not None else None,
         "warmup_step_ms": ms(warm) if warm is not None else None,
         "window_end_gap_ms": gap(by_id.get(ids[-1]), by_id.get(ids[-1] + 1)) if ids else None,
+        # inside the window: the profiler's segment boundaries (segments.py) fall in these gaps
+        "window_gap_ms_max": max(inside_gaps, default=None),
+        "captured_step_ms_max": max(captured, default=None),
         "clock": "probe (meta.json requested_ns)" if cap.get("requested_ns") else "client send time",
     }
     cost = cap.get("engine_cost") or {}  # the probe's own timing of its work (absent before issue 20)
@@ -344,7 +351,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "to_first_step_ms", "to_first_step_steps", "slowdown", "export_s", "trace_bytes_per_step",
         "events_per_step", "export_overlap_slowdown", "baseline_step_ms_p50", "captured_step_ms_p50",
         "exporting_step_ms_max", "export_extra_engine_ms", "export_rate_ratio", "window_start_gap_ms",
-        "warmup_step_ms", "window_end_gap_ms",
+        "warmup_step_ms", "window_end_gap_ms", "window_gap_ms_max", "captured_step_ms_max",
     )  # fmt: skip
     for mode in modes:
         rs = [r for r in runs if r["mode"] == mode and "error" not in r]
@@ -354,6 +361,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "window_start_gap_ms": "window_start_gap_ms_worst",
             "warmup_step_ms": "warmup_step_ms_worst",
             "window_end_gap_ms": "window_end_gap_ms_worst",
+            "window_gap_ms_max": "window_gap_ms_worst",
+            "captured_step_ms_max": "captured_step_ms_worst",
         }
         for k, name in worst.items():
             m[name] = max((r[k] for r in rs if r.get(k) is not None), default=None)
@@ -408,6 +417,11 @@ def print_text(r: dict[str, Any]) -> None:
             f"(worst {f(m['warmup_step_ms_worst'], '{:.1f}')}{held(m['warmup_step_ms_worst'], lim)}) ms; "
             f"window end: gap {f(m['window_end_gap_ms'], '{:.1f}')} (worst "
             f"{f(m['window_end_gap_ms_worst'], '{:.1f}')}{held(m['window_end_gap_ms_worst'], lim)}) ms"
+        )
+        print(
+            f"{'':<6} inside the window (the profiler's segment boundaries): worst gap "
+            f"{f(m['window_gap_ms_worst'], '{:.1f}')}{held(m['window_gap_ms_worst'], lim)} ms, worst captured "
+            f"step {f(m['captured_step_ms_worst'], '{:.1f}')}{held(m['captured_step_ms_worst'], lim)} ms"
         )
         print(
             f"{'':<6} the probe's own timing (wall / engine-thread CPU): profiler start "

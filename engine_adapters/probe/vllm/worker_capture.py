@@ -11,11 +11,12 @@ every tensor-parallel rank.
 A command in the worker's control block (``capture_block.py``) says: start at step
 ``start_seq``, N steps, ops or full.  At the start of step ``start_seq`` the worker
 starts the probe's profiler (``capture.new_profiler``: one warm-up step, then N active
-ones: the trace holds one ``ProfilerStep#k`` span per captured step); each captured
+ones in segments of a few steps, so no step boundary stops more than a few steps' events
+(``segments.py``): the trace holds one ``ProfilerStep#k`` span per captured step); each captured
 step also gets a ``rltperf.step#<id>`` range, the engine core's step id (noted in the
 block at its dispatch), as the probe's steps do.  At the end of step
-``start_seq + N`` the profiler stops, on this thread (the one piece of capture work on
-the step path), and the export runs in a thread of its own that forks a child for the
+``start_seq + N`` the profiler's last segment stops, on this thread (with the segment
+boundaries, the one piece of capture work on the step path), and the export runs in a thread of its own that forks a child for the
 trace and the operator table (``export.export_trace_files``, the probe's own code), then
 releases the results (``export.release_results``).  The files go into
 ``<out_dir>/.rank-<rank>/``; the engine core seals them into its bundle.
@@ -180,7 +181,7 @@ class WorkerCapture:
         try:
             if self.faults is not None:
                 self.faults.check("capture_stop")
-            self.prof.step()  # after the last step the schedule stops the profiler in here
+            self.prof.step()  # ends a segment at its boundaries; after the last step, the window
         except Exception as exc:
             self._discard(
                 f"the profiler failed during the window on {self.rank}: {type(exc).__name__}: {exc}"
@@ -197,7 +198,7 @@ class WorkerCapture:
         if done < cmd.steps:
             return
         try:
-            self.prof.stop()  # normally stopped by the schedule already: a no-op then
+            self.prof.stop()  # normally stopped by its last step already: a no-op then
         except Exception as exc:
             log.debug("worker profiler stop: %s", exc)
         self._cost("profiler_stop", t0, c0)
@@ -213,7 +214,12 @@ class WorkerCapture:
     # -- export (its own thread) -------------------------------------------------------------
 
     def _export(self, cmd: cb.Command, prof: Any) -> None:
-        from engine_adapters.probe.export import export_trace_files, page_ranges, release_results
+        from engine_adapters.probe.export import (
+            RELEASE_PAUSE_S,
+            export_trace_files,
+            page_ranges,
+            release_results,
+        )
         from engine_adapters.probe.job import CaptureJob
 
         b = self.block
@@ -238,7 +244,7 @@ class WorkerCapture:
             err = f"export failed on {self.rank}: {type(exc).__name__}: {exc}"
         finally:
             t1, c1 = _clk(), _cpu()
-            release_results(prof)
+            release_results(prof, RELEASE_PAUSE_S)
             job.prof = None
             self._cost("release", t1, c1)
             for name in ("fork_ms", "fork_cpu_ms"):

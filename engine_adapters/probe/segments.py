@@ -1,0 +1,231 @@
+"""A capture window profiled in segments, so no step boundary pays for the whole window.
+
+Stopping ``torch.profiler`` post-processes every event it collected, in C++ with the GIL
+held, on the thread that started it (torch 2.13's ``_disable_profiler``; no torch call
+ends collection without it, and the state is thread-local).  Measured on this machine
+(``rltperf bench capture``): ~2.5 us per event in ops mode, ~5 us in full mode, plus
+~1 ms to start a session.  One session over an 8-step window put all of it in the gap
+after the last step: 32-52 ms (ops) and 210-222 ms (full) on the reference engine,
+against a limit of 3 x the median step + 20 ms (issue 20 §1).
+
+``SegmentedProfile`` runs the window as consecutive sessions of whole steps instead.  The
+first active segment holds one step; its stop cost sets the length of the next ones, so
+that each boundary's stop stays near ``budget_ms`` (``segment_steps``).  Each boundary
+closes the step's ``ProfilerStep#k`` range, stops the segment, starts the next and opens
+``ProfilerStep#k+1``: the profiler's own work falls between spans, as with torch's
+schedule the span covers the gap before its step.  It has the interface the capture
+paths use of ``torch.profiler.profile`` with ``schedule(wait=0, warmup=1, active=N)``:
+``start`` prepares (the warm-up step records nothing), each ``step`` ends one step,
+after the N-th the last segment is stopped and ``done`` is set; ``stop`` ends a window
+early.  The export (a forked child, ``export.py``) merges the segments' Chrome traces
+(``merge_chrome_traces``) and operator events; ``release`` frees them all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from time import perf_counter_ns as _clk
+from typing import Any
+
+log = logging.getLogger("rltperf.probe.segments")
+
+SEGMENT_BUDGET_MS = 8.0
+"""The stop cost a segment aims at: well under the 20 ms slack of the capture limit."""
+
+
+def segment_steps(stop_ms: float, steps_in_segment: int, remaining: int, budget_ms: float) -> int:
+    """Steps in the next segment: as many as keep its stop near ``budget_ms``, given that
+    the last segment of ``steps_in_segment`` steps took ``stop_ms`` to stop (the cost
+    grows with the events, i.e. with the steps); at least 1, at most ``remaining``."""
+    if remaining <= 0:
+        return 0
+    per_step = stop_ms / max(1, steps_in_segment)
+    n = int(budget_ms // per_step) if per_step > 0 else remaining
+    return max(1, min(remaining, n))
+
+
+class SegmentedProfile:
+    """One capture window (one warm-up step, then ``steps`` active ones) profiled as
+    consecutive ``torch.profiler.profile`` sessions.
+
+    Args:
+        steps: active steps in the window.
+        make: returns a new, unstarted ``torch.profiler.profile`` (no schedule).
+        budget_ms: target stop cost of one segment (``segment_steps``).
+    """
+
+    def __init__(self, steps: int, make: Any, budget_ms: float = SEGMENT_BUDGET_MS) -> None:
+        self.steps = steps
+        self.make = make
+        self.budget_ms = budget_ms
+        self.segments: list[Any] = []  # stopped sessions that recorded, in order
+        self.unused: list[Any] = []  # a session stopped before it recorded (window ended in warm-up)
+        self.current: Any = None  # the running (or, before the first step, prepared) session
+        self.recording = False  # whether ``current`` records (it is only prepared in the warm-up)
+        self.step_num = 0  # steps ended, the warm-up one included
+        self.seg_len = 1  # steps the current segment is to hold
+        self.seg_start = 1  # step_num at which the current segment started
+        self.done = False
+        self.stop_ms: list[float] = []  # each segment's stop, for the capture's costs
+        self._range: Any = None
+        self.full = False
+
+    # -- the window (engine thread) ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Prepare the first session (the warm-up step runs while it is prepared)."""
+        p = self.make()
+        p.prepare_trace()
+        self.current = p
+
+    def step(self) -> None:
+        """One step ended (the first is the warm-up); stops the window after the last."""
+        if self.done or self.current is None:
+            return
+        self.step_num += 1
+        if self.step_num == 1:  # warm-up over: record from here
+            self.current.start_trace()
+            self.recording = True
+            self.seg_start = 1
+            self._open_span()
+            return
+        active_done = self.step_num - 1
+        seg_done = self.step_num - self.seg_start
+        if active_done < self.steps and seg_done < self.seg_len:
+            self._close_span()
+            self._open_span()
+            return
+        self._close_span()
+        ms = self._stop_current()
+        if active_done >= self.steps:
+            self.done = True
+            return
+        self.seg_len = segment_steps(ms, seg_done, self.steps - active_done, self.budget_ms)
+        p = self.make()
+        p.start()
+        self.current, self.recording = p, True
+        self.seg_start = self.step_num
+        self._open_span()
+
+    def stop(self) -> None:
+        """End the window now (early: a cancel, the engine stopping); idempotent."""
+        self._close_span()
+        if self.current is not None:
+            self._stop_current()
+        self.done = True
+
+    def _stop_current(self) -> float:
+        p, self.current = self.current, None
+        recorded, self.recording = self.recording, False
+        t0 = _clk()
+        try:
+            if not recorded:  # prepared only: Kineto's state is let go by a start and a stop
+                p.start_trace()
+            p.stop()
+        finally:
+            ms = (_clk() - t0) / 1e6
+            if recorded:
+                self.stop_ms.append(ms)
+                self.segments.append(p)
+            else:
+                self.unused.append(p)
+        return ms
+
+    def _open_span(self) -> None:
+        from torch.autograd.profiler import record_function
+
+        rf = record_function(f"ProfilerStep#{self.step_num}")
+        rf.__enter__()
+        self._range = rf
+
+    def _close_span(self) -> None:
+        rf, self._range = self._range, None
+        if rf is not None:
+            try:
+                rf.__exit__(None, None, None)
+            except Exception:
+                pass
+
+    # -- results (export thread or child) ----------------------------------------------------------
+
+    def key_averages(self, group_by_input_shape: bool = False) -> Any:
+        """The operator averages over every segment (each segment's, added up by key)."""
+        from torch.autograd.profiler_util import EventList
+
+        merged: dict[tuple[str, str], Any] = {}
+        use_device, memory = None, False
+        for p in self.segments:
+            ka = p.key_averages(group_by_input_shape=group_by_input_shape)
+            use_device, memory = getattr(ka, "_use_device", None), getattr(ka, "_profile_memory", False)
+            for avg in ka:
+                k = (avg.key, str(avg.input_shapes) if group_by_input_shape else "")
+                if k in merged:
+                    merged[k].add(avg)
+                else:
+                    merged[k] = avg
+        return EventList(list(merged.values()), use_device=use_device, profile_memory=memory)
+
+    def export_chrome_trace(self, path: str) -> None:
+        """One Chrome trace of the whole window (each segment's, merged)."""
+        segs = self.segments
+        if len(segs) == 1:
+            segs[0].export_chrome_trace(path)
+            return
+        parts = []
+        try:
+            for i, p in enumerate(segs):
+                part = f"{path}.seg{i}"
+                parts.append(part)
+                p.export_chrome_trace(part)
+                if not os.path.exists(part):
+                    return  # Kineto failed the write (its own log says why): the caller sees no file
+            merge_chrome_traces(parts, path)
+        finally:
+            for part in parts:
+                try:
+                    os.unlink(part)
+                except OSError:
+                    pass
+
+    def release(self, pause_s: float = 0.0) -> None:
+        """Free every segment's results (``export.release_results`` on each), sleeping
+        ``pause_s`` between two (the GIL goes to the engine thread there)."""
+        from engine_adapters.probe.export import release_results
+
+        todo, self.segments, self.unused = [*self.segments, *self.unused], [], []
+        for i, p in enumerate(todo):
+            if i and pause_s > 0:
+                time.sleep(pause_s)
+            release_results(p)
+
+
+def merge_chrome_traces(parts: list[str], path: str) -> None:
+    """Write to ``path`` one Chrome trace holding the events of ``parts`` (traces of one
+    process, taken one after another: their timestamps share a base).  The first part's
+    top-level fields are kept; metadata events (``ph: M``) are kept once."""
+    merged: dict[str, Any] | None = None
+    events: list[Any] = []
+    seen_meta: set[str] = set()
+    for part in parts:
+        with open(part, "rb") as f:
+            data = json.load(f)
+        evs = data.get("traceEvents", []) if isinstance(data, dict) else data
+        if merged is None:
+            merged = dict(data) if isinstance(data, dict) else {}
+        for e in evs:
+            if isinstance(e, dict) and e.get("ph") == "M":
+                key = json.dumps([e.get("name"), e.get("pid"), e.get("tid"), e.get("args")], sort_keys=True)
+                if key in seen_meta:
+                    continue
+                seen_meta.add(key)
+            events.append(e)
+    out = merged or {}
+    out["traceEvents"] = events
+    out["rltperfSegments"] = len(parts)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(out, f)
+    os.replace(tmp, path)
