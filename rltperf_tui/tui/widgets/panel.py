@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rich.segment import Segment
 from rich.style import Style as RichStyle
@@ -26,6 +27,9 @@ from engine_adapters.definitions.cost import Prices
 from rltperf_tui.live.view import StatsView
 from rltperf_tui.live.window_stats import Window
 from rltperf_tui.tui.widgets._fmt import Lines, Row, fit_row
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,19 @@ class _Frame:
         for f in filters:
             strip = strip.apply_filter(f, self.background)
         return strip
+
+    def frame_parts(self, parts: Sequence[tuple[str, RichStyle]], length: int, inner: RichStyle) -> Strip:
+        """The same row as ``frame`` makes of ``Strip(parts)`` (``length`` cells, at most the
+        content width, single-width text), built as one strip: ``parts`` and ``inner``
+        come with their styles already filtered (``Panel._style``)."""
+        segs = [Segment(" " * self.pad_left, inner)] if self.pad_left else []
+        segs += [Segment(t, st) for t, st in parts]
+        fill = self.width - self.pad_left - self.pad_right - length
+        if fill > 0:
+            segs.append(Segment(" " * fill, inner))
+        if self.pad_right:
+            segs.append(Segment(" " * self.pad_right, inner))
+        return Strip(segs, self.width)
 
 
 @dataclass(frozen=True)
@@ -143,8 +160,16 @@ class Panel(Widget):
         self._built_for: tuple[int, int] = (0, 0)
         self._frame: _Frame | bool | None = None
         """How content rows are framed (padding, background, filters); False: by Textual."""
-        self._framed: dict[int, tuple[Strip, Strip]] = {}
-        """Content row -> (the row's strip, the row framed and filtered) as last drawn."""
+        self._framed: dict[int, Strip] = {}
+        """Content row -> the row framed and filtered as last drawn (dropped when it changes)."""
+        self._edges: dict[tuple[int, int, int], Strip] = {}
+        """(row, first column, last column) -> a border or padding row as Textual drew it."""
+        self._edges_for: tuple[object, object] | None = None
+        """The border title and subtitle ``_edges`` were drawn with."""
+        self._filtered: dict[str, RichStyle] = {}
+        """Style name -> its style with the line filters applied (``_filtered_style``)."""
+        self._filters_for: tuple[tuple[LineFilter, ...], Color] | None = None
+        """The line filters and background ``_filtered`` was made with."""
 
     def panel_title(self, ctx: PanelContext) -> str:
         """The border title: the statistic and its window."""
@@ -185,20 +210,21 @@ class Panel(Widget):
         self._lines = lines
         if full or (width, height) != self._built_for or len(old) != height:
             self._strips.clear()
+            self._framed.clear()
             self._built_for = (width, height)
             self.refresh()
             return
         changed = [y for y in range(height) if lines[y] != old[y]]
         for y in changed:
             self._strips.pop(y, None)
+            self._framed.pop(y, None)
         if changed:
             # one refresh for all of them: each call also drops the widget's layout and
             # style caches, so a call per line costs as much as the lines themselves
             self.refresh(*(Region(0, y, width, 1) for y in changed))
 
     def on_resize(self) -> None:
-        self._frame = None
-        self._framed.clear()
+        self._forget_drawn()
         self._rebuild(full=True)
         self.post_message(self.Resized())
 
@@ -207,20 +233,37 @@ class Panel(Widget):
         # a theme or CSS change: resolved styles and cached lines are stale
         self._styles.clear()
         self._strips.clear()
+        self._forget_drawn()
+
+    def refresh(
+        self, *regions: Region, repaint: bool = True, layout: bool = False, recompose: bool = False
+    ) -> Self:
+        # Textual drops its own drawn lines on a refresh of the whole widget (layout or
+        # style changes); so do we
+        if not regions:
+            self._edges.clear()
+        return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
+
+    def _forget_drawn(self) -> None:
+        """Drop every row as drawn (frame, borders, filtered styles): size or style changed."""
         self._frame = None
         self._framed.clear()
+        self._edges.clear()
+        self._filtered.clear()
+        self._filters_for = None
 
     def render_lines(self, crop: Region) -> list[Strip]:
         """The rows in ``crop``: content rows framed here, the border by Textual.
 
         Why: at each screen update Textual asks every widget that overlaps the box
         around all dirty regions for all of its rows, and passes each row again
-        through its styles cache and line filters.  A panel keeps its content rows
-        framed (padding, background) and filtered as they were last drawn, and frames
-        again only the rows whose text changed; the rows Textual draws better (the
-        border with its title) still come from Textual.  A panel styled with what is
-        not framed here (side borders, outline, tint, opacity, hatch) is drawn by
-        Textual alone.
+        through its styles cache and line filters.  A panel keeps its rows as they were
+        last drawn: content rows framed (padding, background) and filtered here, built
+        again only when their text changed, in one strip from styles filtered once per
+        style; the border rows (with the title) are Textual's own, drawn again only when
+        the title, the size or the styles changed.  A panel styled with what is not
+        framed here (side borders, outline, tint, opacity, hatch) is drawn by Textual
+        alone.
         """
         frame = self._frame
         if frame is None:
@@ -229,21 +272,64 @@ class Panel(Widget):
             return super().render_lines(crop)
         x1, x2 = crop.column_span
         part = (x1, x2) != (0, frame.width)
+        filters = self.get_line_filters()
+        fkey = (tuple(filters), frame.background)
+        if fkey != self._filters_for:
+            self._filtered.clear()
+            self._framed.clear()
+            self._filters_for = fkey
+        titles = (self._border_title, self._border_subtitle)
+        if titles != self._edges_for:
+            self._edges.clear()
+            self._edges_for = titles
         out: list[Strip] = []
         for y in crop.line_range:
             cy = y - frame.top
             if cy < 0 or y >= frame.height - frame.bottom:
-                out.extend(super().render_lines(Region(x1, y, x2 - x1, 1)))
+                key = (y, x1, x2)
+                edge = self._edges.get(key)
+                if edge is None:
+                    edge = self._edges[key] = super().render_lines(Region(x1, y, x2 - x1, 1))[0]
+                out.append(edge)
                 continue
-            row = self.render_line(cy)
-            got = self._framed.get(cy)
-            if got is not None and got[0] is row:
-                strip = got[1]
-            else:
-                strip = frame.frame(row, self.get_line_filters())
-                self._framed[cy] = (row, strip)
+            strip = self._framed.get(cy)
+            if strip is None:
+                strip = self._framed[cy] = self._framed_row(cy, frame, filters)
             out.append(strip.crop(x1, x2) if part else strip)
         return out
+
+    def _framed_row(self, y: int, frame: _Frame, filters: Sequence[LineFilter]) -> Strip:
+        """Content row ``y`` framed and filtered (``_Frame``)."""
+        width = frame.width - frame.pad_left - frame.pad_right
+        row = self._lines[y] if y < len(self._lines) else (_WAITING if y == 0 and not self._lines else ())
+        fitted = fit_row(row, width)
+        length = sum(len(t) for t, _ in fitted) if fitted is not None else width + 1
+        if fitted is None or length > width:  # double-width text: Textual's cell arithmetic
+            return frame.frame(self.render_line(y), filters)
+        style = self._filtered_style
+        return frame.frame_parts([(t, style(st)) for t, st in fitted], length, self._filtered_inner(frame))
+
+    def _filtered_style(self, name: str) -> RichStyle:
+        """``_style(name)`` with the line filters applied: each of Textual's filters maps a
+        segment's style alone (tests check the rows against Textual's own path)."""
+        st = self._filtered.get(name)
+        if st is None:
+            st = self._filtered[name] = self._apply_filters(self._style(name))
+        return st
+
+    def _filtered_inner(self, frame: _Frame) -> RichStyle:
+        st = self._filtered.get("\0inner")
+        if st is None:
+            st = self._filtered["\0inner"] = self._apply_filters(frame.inner)
+        return st
+
+    def _apply_filters(self, style: RichStyle) -> RichStyle:
+        assert self._filters_for is not None
+        filters, background = self._filters_for
+        seg = [Segment(" ", style)]
+        for f in filters:
+            seg = f.apply(seg, background)
+        return seg[0].style or RichStyle()
 
     def _measure_frame(self) -> _Frame | bool:
         styles = self.styles

@@ -10,6 +10,7 @@ than this panel has at 80x24; a stacked bar reads at a glance.)
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import numpy as np
 
@@ -104,22 +105,22 @@ class StepTimeline(Panel):
             return glyph, STAGE_COLORS[i % len(STAGE_COLORS)]
 
         cells = [style_of(n) for n in part_names]
-        blank = (" ", "")
-        grid = [[blank] * cols for _ in range(chart_h)]
-        for row in range(chart_h):
-            lo = row * 8
-            # the part at the cell's middle (or at its top, for a partial cell)
-            mid = np.minimum(lo + 4, total_e - 0.01)
-            k = np.minimum((cum <= mid).sum(axis=0), last_part)
-            filled = (total_e > lo) & (last_part >= 0)
-            partial = filled & (total_e < lo + 8)
-            eighths = np.clip(np.rint(total_e - lo), 1, 8).astype(np.int64)
-            line = grid[row]
-            for c in np.flatnonzero(filled).tolist():
-                cell = cells[k[c]]
-                line[c] = (BLOCKS[eighths[c]], cell[1]) if partial[c] else cell
-        for c in np.flatnonzero(clipped).tolist():
-            grid[chart_h - 1][c] = ("↑", "bold $warning")
+        # Every cell at once, as indices into a glyph and a style table: 0 blank, then the
+        # parts (whole cells), then the partial blocks of 1..8 eighths, then ↑ (clipped);
+        # a row is then added as runs of one style, not cell by cell.
+        n_parts = len(part_names)
+        glyphs = np.array([" ", *(g for g, _ in cells), *BLOCKS[1:9], "↑"])
+        styles = ["", *(st for _, st in cells), "bold $warning"]
+        lo = np.arange(chart_h)[:, None] * 8  # (rows, 1)
+        mid = np.minimum(lo + 4, total_e[None, :] - 0.01)  # the cell's middle (or top, if partial)
+        k = np.minimum((cum[None, :, :] <= mid[:, None, :]).sum(axis=1), last_part[None, :])
+        filled = (total_e[None, :] > lo) & (last_part[None, :] >= 0)
+        partial = filled & (total_e[None, :] < lo + 8)
+        eighths = np.clip(np.rint(total_e[None, :] - lo), 1, 8).astype(np.int64)
+        glyph_i = np.where(filled, np.where(partial, n_parts + eighths, 1 + k), 0)
+        style_i = np.where(filled, 1 + k, 0)
+        glyph_i[chart_h - 1, clipped] = n_parts + 9
+        style_i[chart_h - 1, clipped] = n_parts + 1
         ln = Lines()
         for row in range(chart_h - 1, -1, -1):
             if row == chart_h - 1:
@@ -128,7 +129,11 @@ class StepTimeline(Panel):
                 ln.add("0 ms".rjust(AXIS_W - 1) + "┤", "$text-muted")
             else:
                 ln.add(" " * (AXIS_W - 1) + "│", "$text-muted")
-            ln.extend(grid[row])
+            text = "".join(glyphs[glyph_i[row]].tolist())
+            si = style_i[row]
+            cuts = [0, *(np.flatnonzero(si[1:] != si[:-1]) + 1).tolist(), cols]
+            for a, b in pairwise(cuts):
+                ln.add(text[a:b], styles[si[a]])
             ln.nl()
         # gap row: mean gap per bucket, scaled to its own max
         garr = np.asarray(gap_ms, dtype=np.float64)
