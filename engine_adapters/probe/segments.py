@@ -17,13 +17,12 @@ schedule the span covers the gap before its step.  It has the interface the capt
 paths use of ``torch.profiler.profile`` with ``schedule(wait=0, warmup=1, active=N)``:
 ``start`` prepares (the warm-up step records nothing), each ``step`` ends one step,
 after the N-th the last segment is stopped and ``done`` is set; ``stop`` ends a window
-early.  The export (a forked child, ``export.py``) merges the segments' Chrome traces
-(``merge_chrome_traces``) and operator events; ``release`` frees them all.
+early.  The export thread writes each segment's trace and frees it (``save_parts``); a
+child process merges the traces and builds the operator table (``export_child.py``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -151,44 +150,36 @@ class SegmentedProfile:
 
     # -- results (export thread or child) ----------------------------------------------------------
 
-    def key_averages(self, group_by_input_shape: bool = False) -> Any:
-        """The operator averages over every segment (each segment's, added up by key)."""
-        from torch.autograd.profiler_util import EventList
+    def save_parts(self, folder: str, pause_s: float = 0.0) -> list[str]:
+        """Each segment's Chrome trace into ``folder`` (``.segment-<i>.json``), each
+        segment's results freed as soon as it is written.  Kineto's writer and the free
+        each hold the GIL for one segment (~9 and ~11 ms for a full-mode step here), and
+        an engine thread that lets the GIL go in every operator would lose it again at
+        each: after each hold this thread sleeps twice as long (at least ``pause_s``), so
+        the engine runs at least two thirds of the time.  Returns the files written, in
+        order; a segment Kineto did not write (a full disk: it says so on its own log
+        only) is left out."""
+        from engine_adapters.probe.export import release_results
 
-        merged: dict[tuple[str, str], Any] = {}
-        use_device, memory = None, False
-        for p in self.segments:
-            ka = p.key_averages(group_by_input_shape=group_by_input_shape)
-            use_device, memory = getattr(ka, "_use_device", None), getattr(ka, "_profile_memory", False)
-            for avg in ka:
-                k = (avg.key, str(avg.input_shapes) if group_by_input_shape else "")
-                if k in merged:
-                    merged[k].add(avg)
-                else:
-                    merged[k] = avg
-        return EventList(list(merged.values()), use_device=use_device, profile_memory=memory)
+        def hold(fn: Any, *args: Any) -> None:
+            t0 = _clk()
+            try:
+                fn(*args)
+            finally:
+                if pause_s > 0:
+                    time.sleep(max(pause_s, 2 * (_clk() - t0) / 1e9))
 
-    def export_chrome_trace(self, path: str) -> None:
-        """One Chrome trace of the whole window (each segment's, merged)."""
-        segs = self.segments
-        if len(segs) == 1:
-            segs[0].export_chrome_trace(path)
-            return
         parts = []
-        try:
-            for i, p in enumerate(segs):
-                part = f"{path}.seg{i}"
+        todo, self.segments = self.segments, []
+        for i, p in enumerate(todo):
+            part = os.path.join(folder, f".segment-{i}.json")
+            try:
+                hold(p.export_chrome_trace, part)
+            finally:
+                hold(release_results, p)
+            if os.path.exists(part):
                 parts.append(part)
-                p.export_chrome_trace(part)
-                if not os.path.exists(part):
-                    return  # Kineto failed the write (its own log says why): the caller sees no file
-            merge_chrome_traces(parts, path)
-        finally:
-            for part in parts:
-                try:
-                    os.unlink(part)
-                except OSError:
-                    pass
+        return parts
 
     def release(self, pause_s: float = 0.0) -> None:
         """Free every segment's results (``export.release_results`` on each), sleeping
@@ -200,32 +191,3 @@ class SegmentedProfile:
             if i and pause_s > 0:
                 time.sleep(pause_s)
             release_results(p)
-
-
-def merge_chrome_traces(parts: list[str], path: str) -> None:
-    """Write to ``path`` one Chrome trace holding the events of ``parts`` (traces of one
-    process, taken one after another: their timestamps share a base).  The first part's
-    top-level fields are kept; metadata events (``ph: M``) are kept once."""
-    merged: dict[str, Any] | None = None
-    events: list[Any] = []
-    seen_meta: set[str] = set()
-    for part in parts:
-        with open(part, "rb") as f:
-            data = json.load(f)
-        evs = data.get("traceEvents", []) if isinstance(data, dict) else data
-        if merged is None:
-            merged = dict(data) if isinstance(data, dict) else {}
-        for e in evs:
-            if isinstance(e, dict) and e.get("ph") == "M":
-                key = json.dumps([e.get("name"), e.get("pid"), e.get("tid"), e.get("args")], sort_keys=True)
-                if key in seen_meta:
-                    continue
-                seen_meta.add(key)
-            events.append(e)
-    out = merged or {}
-    out["traceEvents"] = events
-    out["rltperfSegments"] = len(parts)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(out, f)
-    os.replace(tmp, path)

@@ -16,7 +16,7 @@ For each mode (ops, full), repeated captures of N steps on a running engine meas
 - **export overlap**: steps that ran while the export worked, and their slow-down;
   the **longest** of them, the **extra engine time** they took (the sum over them of
   step time minus the unprofiled median: net, so noise cancels) and the engine's **steps/s during the export
-  over before**; the export runs in a forked child (``export in``: child) unless
+  over before**; the export runs in a child process (``export in``: child) unless
   ``RLTPERF_EXPORT_FORK=0`` in the engine's environment (in-thread: the old behaviour).
 
 Each gap and step is held against the limit 3 × unprofiled p50 + 20 ms.
@@ -63,7 +63,9 @@ HELP = "capture cost: window start/end gaps, export overlap, RSS growth per capt
 DESCRIPTION = __doc__ or HELP
 
 COST_KEYS = tuple(
-    f"{n}{u}" for n in ("profiler_start", "profiler_stop", "fork", "release") for u in ("_ms", "_cpu_ms")
+    f"{n}{u}"
+    for n in ("profiler_start", "profiler_stop", "save", "spawn", "release")
+    for u in ("_ms", "_cpu_ms")
 )
 """``meta.json`` ``capture.engine_cost``: the probe's wall and thread-CPU time of each."""
 
@@ -427,7 +429,9 @@ def print_text(r: dict[str, Any]) -> None:
             f"{'':<6} the probe's own timing (wall / engine-thread CPU): profiler start "
             f"{f(m['profiler_start_ms'], '{:.1f}')} / {f(m['profiler_start_cpu_ms'], '{:.1f}')} ms, stop "
             f"{f(m['profiler_stop_ms'], '{:.1f}')} / {f(m['profiler_stop_cpu_ms'], '{:.1f}')} ms; export thread "
-            f"(GIL held): fork {f(m['fork_ms'], '{:.1f}')} / {f(m['fork_cpu_ms'], '{:.1f}')} ms, results freed "
+            f"(GIL held): traces saved and freed segment by segment {f(m['save_ms'], '{:.1f}')} / "
+            f"{f(m['save_cpu_ms'], '{:.1f}')} ms, export process started {f(m['spawn_ms'], '{:.1f}')} / "
+            f"{f(m['spawn_cpu_ms'], '{:.1f}')} ms, results freed "
             f"at the export's end {f(m['release_ms'], '{:.1f}')} / {f(m['release_cpu_ms'], '{:.1f}')} ms"
         )
         print(

@@ -49,7 +49,7 @@ ST_COSTS = 24  # COST_NAMES, in microseconds, -1 when not measured
 STEP_RING, STEP_SLOTS = 32, 8  # (dispatch seq, engine step id) of the window's steps
 COST_NAMES = (
     "profiler_start_ms", "profiler_start_cpu_ms", "profiler_stop_ms", "profiler_stop_cpu_ms",
-    "fork_ms", "fork_cpu_ms", "release_ms", "release_cpu_ms",
+    "save_ms", "save_cpu_ms", "release_ms", "release_cpu_ms",
 )  # fmt: skip
 
 # text fields: (offset, length) in bytes

@@ -16,9 +16,9 @@ ones in segments of a few steps, so no step boundary stops more than a few steps
 step also gets a ``rltperf.step#<id>`` range, the engine core's step id (noted in the
 block at its dispatch), as the probe's steps do.  At the end of step
 ``start_seq + N`` the profiler's last segment stops, on this thread (with the segment
-boundaries, the one piece of capture work on the step path), and the export runs in a thread of its own that forks a child for the
-trace and the operator table (``export.export_trace_files``, the probe's own code), then
-releases the results (``export.release_results``).  The files go into
+boundaries, the one piece of capture work on the step path), and the export runs in a thread of its own: each segment's trace saved
+and freed, then a child process (not a fork of the worker) for the merge and the
+operator table (``export.export_trace_files``, the probe's own code).  The files go into
 ``<out_dir>/.rank-<rank>/``; the engine core seals them into its bundle.
 
 The command's generation is the one word read per ``begin`` when no capture runs.
@@ -34,7 +34,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from time import perf_counter_ns as _clk
 from time import thread_time_ns as _cpu
 from typing import Any
@@ -52,9 +51,6 @@ class WorkerCapture:
         block: this worker's control block (created by it).
         rank: the worker's name (``dp0-tp1``): its folder in the bundle.
         faults: injected faults (tests only; sites ``capture_start``, ``capture_stop``).
-        tensor_spans: (address, bytes) of the worker's big tensor storage (KV cache,
-            weights), which the export's forked child never reads (``export_forked``'s
-            ``dontfork``: a cheaper fork).
     """
 
     def __init__(
@@ -62,10 +58,8 @@ class WorkerCapture:
         block: cb.ControlBlock,
         rank: str,
         faults: Faults | None = None,
-        tensor_spans: Callable[[], list[tuple[int, int]]] | None = None,
     ) -> None:
         self.block = block
-        self.tensor_spans = tensor_spans
         self.rank = rank
         self.faults = faults
         self.seq = 0
@@ -214,12 +208,7 @@ class WorkerCapture:
     # -- export (its own thread) -------------------------------------------------------------
 
     def _export(self, cmd: cb.Command, prof: Any) -> None:
-        from engine_adapters.probe.export import (
-            RELEASE_PAUSE_S,
-            export_trace_files,
-            page_ranges,
-            release_results,
-        )
+        from engine_adapters.probe.export import RELEASE_PAUSE_S, export_trace_files, release_results
         from engine_adapters.probe.job import CaptureJob
 
         b = self.block
@@ -229,13 +218,7 @@ class WorkerCapture:
         try:
             out = os.path.join(cmd.out_dir, f".rank-{self.rank}")
             os.makedirs(out, exist_ok=True)
-            spans: list[tuple[int, int]] = []
-            if self.tensor_spans is not None:
-                try:
-                    spans = page_ranges(self.tensor_spans())
-                except Exception as exc:  # the fork then copies them: slower, still correct
-                    log.debug("tensor spans: %s", exc)
-            res = export_trace_files(job, out, dontfork=spans)
+            res = export_trace_files(job, out)
             err = res.get("error")
             b.put(trace_bytes=res.get("trace_bytes") or 0, events=res.get("events") or 0,
                   steps_found=res.get("steps_found") or 0,
@@ -247,7 +230,7 @@ class WorkerCapture:
             release_results(prof, RELEASE_PAUSE_S)
             job.prof = None
             self._cost("release", t1, c1)
-            for name in ("fork_ms", "fork_cpu_ms"):
+            for name in ("save_ms", "save_cpu_ms"):
                 if name in job.costs:
                     b.set_cost(name, job.costs[name])
             b.put(export_end_ns=_clk())

@@ -119,38 +119,4 @@ def _controller(wrapper: Any) -> Any:
     rank = rank_name(dp, worker_tag(tp, pp, pc.pipeline_parallel_size))
     block = cb.ControlBlock.create(cb.block_path(base, dp, pp, tp))
     warm(rank)
-    return WorkerCapture(block, rank, faults.for_rank(rank), lambda: tensor_spans(wrapper))
-
-
-def tensor_spans(wrapper: Any) -> list[tuple[int, int]]:
-    """(address, bytes) of the worker's CPU tensor storage that a forked export child never
-    reads: the model runner's KV caches, its input and sampling buffers, and the model's
-    weights and buffers (``export.page_ranges`` keeps the whole pages of those >= 1 MiB)."""
-    runner = getattr(getattr(wrapper, "worker", None), "model_runner", None)
-    if runner is None:
-        return []
-    tensors: list[Any] = []
-    stack: list[Any] = [getattr(runner, "kv_caches", None) or []]
-    while stack:  # kv_caches: a list of tensors (or of lists / tuples of them)
-        x = stack.pop()
-        if isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif x is not None and hasattr(x, "untyped_storage"):
-            tensors.append(x)
-    model = getattr(runner, "model", None)
-    if model is not None and hasattr(model, "parameters"):
-        tensors.extend(model.parameters())
-        tensors.extend(model.buffers())
-    # the runner's persistent input / sampling buffers (tensors, or holders of a .cpu one)
-    for holder in (runner, getattr(runner, "input_batch", None)):
-        for v in list(vars(holder).values()) if holder is not None else ():
-            for t in (v, getattr(v, "cpu", None)):
-                if hasattr(t, "untyped_storage") and hasattr(t, "device"):
-                    tensors.append(t)
-    out = []
-    for t in tensors:
-        if t.device.type != "cpu":
-            continue
-        st = t.untyped_storage()
-        out.append((int(st.data_ptr()), int(st.nbytes())))
-    return out
+    return WorkerCapture(block, rank, faults.for_rank(rank))

@@ -5,12 +5,14 @@ whole window's post-processing in the gap after its last step)."""
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 
 import pytest
 import torch
 
+from engine_adapters.probe import export_child
 from engine_adapters.probe.capture import new_profiler
 from engine_adapters.probe.export import release_results
 from engine_adapters.probe.segments import SegmentedProfile, segment_steps
@@ -58,10 +60,13 @@ def test_no_boundary_stops_more_than_one_step_of_a_heavy_window(full: bool, tmp_
     assert max(counts) <= 1.25 * sum(counts) / 8, counts
     assert len(prof.stop_ms) == 8
 
-    path = tmp_path / "trace.json"
-    prof.export_chrome_trace(str(path))
-    data = json.loads(path.read_text())
-    assert data["rltperfSegments"] == 8
+    parts = prof.save_parts(str(tmp_path))  # the export thread's part: each segment written, then freed
+    assert len(parts) == 8 and prof.segments == []
+    res = export_child.export(str(tmp_path), parts, "t", "full" if full else "ops", 8)
+    assert res["error"] is None and res["steps_found"] == 8, res
+    with gzip.open(tmp_path / "trace.json.gz", "rb") as f:
+        data = json.load(f)
+    assert data["rltperfSegments"] == 8 and res["events"] == len(data["traceEvents"])
     evs = data["traceEvents"]
     spans = sorted(
         (e for e in evs if str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"]
@@ -77,10 +82,14 @@ def test_no_boundary_stops_more_than_one_step_of_a_heavy_window(full: bool, tmp_
     meta = [e for e in evs if e.get("ph") == "M" and e.get("name") == "process_name"]
     assert len(meta) == 1  # kept once, not once per segment
 
-    table = {a.key: a for a in prof.key_averages(group_by_input_shape=full)}
-    assert sum(a.count for k, a in table.items() if k == "aten::linear") == 8 * OPS_PER_STEP
+    # the operator table, built from the merged trace: every step's calls, none of the warm-up's
+    rows = [r for r in export_child.host_table(evs, full) if r[0] == "aten::linear"]
+    assert sum(r[2] for r in rows) == 8 * OPS_PER_STEP
+    assert all(0 < r[3] <= r[4] for r in rows)  # self time within total time
+    text = (tmp_path / "ops.txt").read_text()
+    assert "aten::linear" in text and ("Input Shapes" in text) == full
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.txt", "trace.json.gz"]  # no part left behind
     assert release_results(prof)
-    assert prof.segments == []
 
 
 def test_cheap_steps_share_a_segment() -> None:
@@ -119,8 +128,5 @@ def test_a_window_ended_early_lets_the_next_one_start(tmp_path) -> None:
 
     third = new_profiler(2, False)
     _run_window(third, 2)
-    out = tmp_path / "t.json"
-    third.export_chrome_trace(str(out))
-    names = [e.get("name") for e in json.loads(out.read_text())["traceEvents"]]
-    assert names.count("ProfilerStep#1") == 1 and names.count("ProfilerStep#2") == 1
-    release_results(third)
+    res = export_child.export(str(tmp_path), third.save_parts(str(tmp_path)), "t", "ops", 2)
+    assert res["error"] is None and res["steps_found"] == 2, res
