@@ -41,8 +41,9 @@ from engine_adapters.definitions.energy import readings_by_device
 from engine_adapters.definitions.figures import EXCLUDED_FLAGS
 from engine_adapters.definitions.ranks import ranks_held
 from engine_adapters.definitions.records import CaptureFailed, EngineInfo, StepRecord, to_builtins
-from engine_adapters.probe.export import RELEASE_PAUSE_S, export_trace_files, release_results
+from engine_adapters.probe.export import export_trace_files
 from engine_adapters.probe.job import CaptureJob, note_cost
+from engine_adapters.probe.segments import RELEASE_PAUSE_S, release_results
 
 log = logging.getLogger("rltperf.probe.bundle")
 

@@ -49,7 +49,6 @@ from engine_adapters.definitions.records import (
     CaptureStarted,
     Refused,
 )
-from engine_adapters.probe.export import release_results
 from engine_adapters.probe.job import (
     CaptureJob,
     ExportWindows,
@@ -59,6 +58,7 @@ from engine_adapters.probe.job import (
     snapshot_usage,
 )
 from engine_adapters.probe.ring import ObservedStep, StepRing, StepSlot
+from engine_adapters.probe.segments import SegmentedProfile, close_range, open_range, release_results
 
 log = logging.getLogger("rltperf.probe.capture")
 
@@ -92,8 +92,6 @@ def new_profiler(steps: int, full: bool) -> Any:
     shapes, memory and stacks.  Shared by every capture path (the probe's, vLLM's
     workers')."""
     from torch.profiler import profile
-
-    from engine_adapters.probe.segments import SegmentedProfile
 
     acts = activities()
 
@@ -311,13 +309,7 @@ class CaptureController:
         job.slot_ids.append(slot.step_id)
         if job.state == "warmup":
             job.warmup_step = slot.step_id
-        try:
-            from torch.autograd.profiler import record_function
-
-            self._step_range = record_function(f"rltperf.step#{slot.step_id} {kind}")
-            self._step_range.__enter__()
-        except Exception:
-            self._step_range = None
+        self._step_range = open_range(f"rltperf.step#{slot.step_id} {kind}")
         return slot
 
     def _start_profiler(self, job: CaptureJob) -> None:
@@ -332,24 +324,12 @@ class CaptureController:
     def stage_begins(self, name: str) -> None:
         """Open a ``stage:<name>`` profiler range (closing the previous one)."""
         self.stage_ends()
-        try:
-            from torch.autograd.profiler import record_function
-
-            rf = record_function(f"stage:{name}")
-            rf.__enter__()
-            self._range = rf
-        except Exception:
-            self._range = None
+        self._range = open_range(f"stage:{name}")
 
     def stage_ends(self) -> None:
         """Close the open stage range, if any."""
-        rf = self._range
-        if rf is not None:
-            self._range = None
-            try:
-                rf.__exit__(None, None, None)
-            except Exception:
-                pass
+        rf, self._range = self._range, None
+        close_range(rf)
 
     def step_ended(self, step: StepSlot) -> None:
         """End of a step inside the capture: step the profiler, post progress."""
@@ -364,13 +344,8 @@ class CaptureController:
                 job.last_step_ns = _clk()
 
     def _after_step(self, job: CaptureJob, slot: StepSlot) -> None:
-        rf = self._step_range
-        if rf is not None:
-            self._step_range = None
-            try:
-                rf.__exit__(None, None, None)
-            except Exception:
-                pass
+        rf, self._step_range = self._step_range, None
+        close_range(rf)
         # At a segment boundary this stops one segment and starts the next; after the last step, the window.
         t0, c0 = _clk(), _cpu()
         try:

@@ -20,16 +20,15 @@ import os
 import subprocess
 import sys
 import time
-import weakref
 from typing import Any
 
 from engine_adapters.definitions.bundle import os_error_text as _os_error_text
-from engine_adapters.probe import export_child
+from engine_adapters.probe.export_child import SCRIPT as CHILD_SCRIPT
+from engine_adapters.probe.export_child import export as child_export
 from engine_adapters.probe.job import CaptureJob, note_cost
+from engine_adapters.probe.segments import RELEASE_PAUSE_S
 
 log = logging.getLogger("rltperf.probe.bundle")
-
-TOP_OPS_ROWS = 60
 
 
 def _no_trace_errno(folder: str) -> int:
@@ -62,7 +61,7 @@ def _export_spawned(job: CaptureJob, tmp: str, parts: list[str]) -> dict[str, An
     """``export_child`` in a process of its own (nice +5); None when it cannot start, or
     ends or hangs without a result (the caller then runs it in this thread)."""
     result = os.path.join(tmp, ".export-result.json")
-    cmd = [sys.executable, export_child.__file__, tmp, result, "--capture-id", job.capture_id,
+    cmd = [sys.executable, CHILD_SCRIPT, tmp, result, "--capture-id", job.capture_id,
            "--mode", job.mode, "--steps", str(job.steps), *parts]  # fmt: skip
     t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     try:
@@ -98,53 +97,6 @@ def _export_spawned(job: CaptureJob, tmp: str, parts: list[str]) -> dict[str, An
     return got
 
 
-RELEASE_PAUSE_S = 0.002
-"""An export thread's pause between freeing two segments' results (``release_results``)."""
-
-
-def release_results(prof: Any, pause_s: float = 0.0) -> bool:
-    """Free a stopped profiler's results now (any thread); True when they are gone.
-
-    Freeing holds the GIL: ~15 ms per step of a full-mode window here (every event's
-    shapes and stacks).  A segmented window (``segments.SegmentedProfile``) is freed one
-    segment at a time, sleeping ``pause_s`` between two (an export thread passes
-    ``RELEASE_PAUSE_S``) so the engine thread takes the GIL back in between.
-
-    ``torch.profiler.profile`` refers to itself (its ``action_map`` holds its own bound
-    methods), so dropping the last reference to it frees nothing: its results (every
-    event and the Kineto trace, held by ``prof.profiler``) wait for a full pass of the
-    cyclic garbage collector, which a long-running engine makes rarely.  Each capture
-    left ~16 MB of the reference engine's RSS behind (issue 20 §2), and the pass that
-    finally came would free them all at once, on whatever thread it ran.  Cutting
-    ``prof.profiler`` frees them here; clearing ``action_map`` frees the rest.
-    """
-    if prof is None:
-        return True
-    from engine_adapters.probe.segments import SegmentedProfile
-
-    if isinstance(prof, SegmentedProfile):  # each of its sessions, through this function
-        prof.release(pause_s)
-        return True
-    inner = getattr(prof, "profiler", None)
-    if inner is None:
-        return True
-    try:
-        gone = weakref.ref(inner)
-    except TypeError:
-        gone = None
-    del inner
-    try:
-        prof.profiler = None
-        prof.action_map = {}
-    except Exception as exc:  # a torch whose profile refuses the assignment
-        log.warning("profiler results not released (%s): left to the garbage collector", exc)
-        return False
-    if gone is not None and gone() is not None:
-        log.warning("profiler results still referenced after release: left to the garbage collector")
-        return False
-    return True
-
-
 def export_trace_files(job: CaptureJob, tmp: str) -> dict[str, Any]:
     """``ops.txt`` and ``trace.json.gz`` of ``job``'s stopped profiler into ``tmp``.
 
@@ -168,9 +120,7 @@ def export_trace_files(job: CaptureJob, tmp: str) -> dict[str, Any]:
                 "error": _no_trace_error(tmp)}  # fmt: skip
     res = _export_spawned(job, tmp, parts) if _fork_allowed() else None
     if res is None:
-        res = export_child.export(
-            tmp, [p for p in parts if os.path.exists(p)], job.capture_id, job.mode, job.steps
-        )
+        res = child_export(tmp, [p for p in parts if os.path.exists(p)], job.capture_id, job.mode, job.steps)
         res["where"] = "thread"
     if res.get("errno") is not None:  # the child's OSError: its errno, as this process words it
         res["error"] = _os_error_text(OSError(res["errno"], os.strerror(res["errno"])), "the trace")

@@ -28,6 +28,8 @@ from typing import Any
 HOST_CATS = ("cpu_op", "operator")
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 TOP_ROWS = 60
+SCRIPT = os.path.abspath(__file__)
+"""This file: what the engine runs as the export process."""
 
 
 def merge_traces(parts: list[str], path: str) -> None:

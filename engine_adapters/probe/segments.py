@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from time import perf_counter_ns as _clk
 from typing import Any
 
@@ -33,6 +34,28 @@ log = logging.getLogger("rltperf.probe.segments")
 
 SEGMENT_BUDGET_MS = 8.0
 """The stop cost a segment aims at: well under the 20 ms slack of the capture limit."""
+
+
+def open_range(name: str) -> Any:
+    """A ``record_function`` range entered now, or None when it could not be (a range is
+    never worth an error on the step loop)."""
+    try:
+        from torch.autograd.profiler import record_function
+
+        rf = record_function(name)
+        rf.__enter__()
+        return rf
+    except Exception:
+        return None
+
+
+def close_range(rf: Any) -> None:
+    """Exit a range from ``open_range`` (None: nothing), never raising."""
+    if rf is not None:
+        try:
+            rf.__exit__(None, None, None)
+        except Exception:
+            pass
 
 
 def segment_steps(stop_ms: float, steps_in_segment: int, remaining: int, budget_ms: float) -> int:
@@ -134,19 +157,11 @@ class SegmentedProfile:
         return ms
 
     def _open_span(self) -> None:
-        from torch.autograd.profiler import record_function
-
-        rf = record_function(f"ProfilerStep#{self.step_num}")
-        rf.__enter__()
-        self._range = rf
+        self._range = open_range(f"ProfilerStep#{self.step_num}")
 
     def _close_span(self) -> None:
         rf, self._range = self._range, None
-        if rf is not None:
-            try:
-                rf.__exit__(None, None, None)
-            except Exception:
-                pass
+        close_range(rf)
 
     # -- results (export thread or child) ----------------------------------------------------------
 
@@ -159,7 +174,6 @@ class SegmentedProfile:
         the engine runs at least two thirds of the time.  Returns the files written, in
         order; a segment Kineto did not write (a full disk: it says so on its own log
         only) is left out."""
-        from engine_adapters.probe.export import release_results
 
         def hold(fn: Any, *args: Any) -> None:
             t0 = _clk()
@@ -184,10 +198,53 @@ class SegmentedProfile:
     def release(self, pause_s: float = 0.0) -> None:
         """Free every segment's results (``export.release_results`` on each), sleeping
         ``pause_s`` between two (the GIL goes to the engine thread there)."""
-        from engine_adapters.probe.export import release_results
-
         todo, self.segments, self.unused = [*self.segments, *self.unused], [], []
         for i, p in enumerate(todo):
             if i and pause_s > 0:
                 time.sleep(pause_s)
             release_results(p)
+
+
+RELEASE_PAUSE_S = 0.002
+"""An export thread's pause between freeing two segments' results (``release_results``)."""
+
+
+def release_results(prof: Any, pause_s: float = 0.0) -> bool:
+    """Free a stopped profiler's results now (any thread); True when they are gone.
+
+    Freeing holds the GIL: ~15 ms per step of a full-mode window here (every event's
+    shapes and stacks).  A segmented window (``segments.SegmentedProfile``) is freed one
+    segment at a time, sleeping ``pause_s`` between two (an export thread passes
+    ``RELEASE_PAUSE_S``) so the engine thread takes the GIL back in between.
+
+    ``torch.profiler.profile`` refers to itself (its ``action_map`` holds its own bound
+    methods), so dropping the last reference to it frees nothing: its results (every
+    event and the Kineto trace, held by ``prof.profiler``) wait for a full pass of the
+    cyclic garbage collector, which a long-running engine makes rarely.  Each capture
+    left ~16 MB of the reference engine's RSS behind (issue 20 §2), and the pass that
+    finally came would free them all at once, on whatever thread it ran.  Cutting
+    ``prof.profiler`` frees them here; clearing ``action_map`` frees the rest.
+    """
+    if prof is None:
+        return True
+    if isinstance(prof, SegmentedProfile):  # each of its sessions, through this function
+        prof.release(pause_s)
+        return True
+    inner = getattr(prof, "profiler", None)
+    if inner is None:
+        return True
+    try:
+        gone = weakref.ref(inner)
+    except TypeError:
+        gone = None
+    del inner
+    try:
+        prof.profiler = None
+        prof.action_map = {}
+    except Exception as exc:  # a torch whose profile refuses the assignment
+        log.warning("profiler results not released (%s): left to the garbage collector", exc)
+        return False
+    if gone is not None and gone() is not None:
+        log.warning("profiler results still referenced after release: left to the garbage collector")
+        return False
+    return True

@@ -147,25 +147,18 @@ class WorkerCapture:
         self.block.set_state(cb.WARMUP)
 
     def _open_range(self) -> None:
-        try:
-            from torch.autograd.profiler import record_function
+        from engine_adapters.probe.segments import open_range
 
-            sid = self.block.step_id(self.seq)  # the engine core's id of this step: the report matches it
-            rf = record_function(
-                f"rltperf.step#{sid}" if sid is not None else f"rltperf.worker_step#{self.seq}"
-            )
-            rf.__enter__()
-            self._range = rf
-        except Exception:
-            self._range = None
+        sid = self.block.step_id(self.seq)  # the engine core's id of this step: the report matches it
+        self._range = open_range(
+            f"rltperf.step#{sid}" if sid is not None else f"rltperf.worker_step#{self.seq}"
+        )
 
     def _close_range(self) -> None:
+        from engine_adapters.probe.segments import close_range
+
         rf, self._range = self._range, None
-        if rf is not None:
-            try:
-                rf.__exit__(None, None, None)
-            except Exception:
-                pass
+        close_range(rf)
 
     def _step_done(self) -> None:
         cmd = self.cmd
@@ -208,8 +201,9 @@ class WorkerCapture:
     # -- export (its own thread) -------------------------------------------------------------
 
     def _export(self, cmd: cb.Command, prof: Any) -> None:
-        from engine_adapters.probe.export import RELEASE_PAUSE_S, export_trace_files, release_results
+        from engine_adapters.probe.export import export_trace_files
         from engine_adapters.probe.job import CaptureJob
+        from engine_adapters.probe.segments import RELEASE_PAUSE_S, release_results
 
         b = self.block
         job = CaptureJob(capture_id=cmd.capture_id, steps=cmd.steps, mode="full" if cmd.full else "ops",
@@ -268,7 +262,7 @@ class WorkerCapture:
             prof.stop()
         except Exception:
             pass
-        from engine_adapters.probe.export import release_results
+        from engine_adapters.probe.segments import release_results
 
         release_results(prof)
 

@@ -45,7 +45,7 @@ def test_a_stopped_profiler_frees_its_results_only_when_released() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from engine_adapters.probe.export import release_results
+    from engine_adapters.probe.segments import release_results
 
     def stopped() -> profile:
         p = profile(activities=[ProfilerActivity.CPU])

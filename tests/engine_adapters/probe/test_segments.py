@@ -14,8 +14,7 @@ import torch
 
 from engine_adapters.probe import export_child
 from engine_adapters.probe.capture import new_profiler
-from engine_adapters.probe.export import release_results
-from engine_adapters.probe.segments import SegmentedProfile, segment_steps
+from engine_adapters.probe.segments import SegmentedProfile, release_results, segment_steps
 
 OPS_PER_STEP = 40
 
