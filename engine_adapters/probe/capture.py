@@ -98,9 +98,7 @@ def new_profiler(steps: int, full: bool) -> Any:
     def make() -> Any:
         return profile(activities=acts, record_shapes=full, profile_memory=full, with_stack=full)
 
-    seg = SegmentedProfile(steps, make)
-    seg.full = full
-    return seg
+    return SegmentedProfile(steps, make)
 
 
 def warm_profiler() -> float:

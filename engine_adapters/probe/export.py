@@ -46,7 +46,7 @@ EXPORT_CHILD_TIMEOUT_S = 300.0
 """An export child running longer than this is killed and the export redone in-thread."""
 
 
-def _fork_allowed() -> bool:
+def _child_allowed() -> bool:
     """Export in a child process unless ``RLTPERF_EXPORT_FORK=0`` (the name from when the
     child was a fork)."""
     return os.environ.get("RLTPERF_EXPORT_FORK", "1") != "0"
@@ -118,7 +118,7 @@ def export_trace_files(job: CaptureJob, tmp: str) -> dict[str, Any]:
             os.unlink(part)
         return {"files": {}, "trace_bytes": 0, "events": 0, "steps_found": 0, "where": "thread",
                 "error": _no_trace_error(tmp)}  # fmt: skip
-    res = _export_spawned(job, tmp, parts) if _fork_allowed() else None
+    res = _export_spawned(job, tmp, parts) if _child_allowed() else None
     if res is None:
         res = child_export(tmp, [p for p in parts if os.path.exists(p)], job.capture_id, job.mode, job.steps)
         res["where"] = "thread"

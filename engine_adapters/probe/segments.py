@@ -2,10 +2,11 @@
 
 Stopping ``torch.profiler`` post-processes every event it collected, in C++ with the GIL
 held, on the thread that started it (torch 2.13's ``_disable_profiler``; no torch call
-ends collection without it, and the state is thread-local).  Measured on this machine
-(``rltperf bench capture``): ~2.5 us per event in ops mode, ~5 us in full mode, plus
-~1 ms to start a session.  One session over an 8-step window put all of it in the gap
-after the last step: 32-52 ms (ops) and 210-222 ms (full) on the reference engine,
+ends collection without it, and the state is thread-local).  Timed here on a loop of
+``linear`` operators: ~2.5 us per event in ops mode, ~5 us in full mode, plus ~1 ms to
+start a session.  One session over an 8-step window put all of it in the gap after the
+last step (``rltperf bench capture``): 32-52 ms (ops) and 210-222 ms (full) on the
+reference engine,
 against a limit of 3 x the median step + 20 ms (issue 20 §1).
 
 ``SegmentedProfile`` runs the window as consecutive sessions of whole steps instead.  The
@@ -91,9 +92,8 @@ class SegmentedProfile:
         self.seg_len = 1  # steps the current segment is to hold
         self.seg_start = 1  # step_num at which the current segment started
         self.done = False
-        self.stop_ms: list[float] = []  # each segment's stop, for the capture's costs
+        self.stop_ms: list[float] = []  # each recorded segment's stop (ms), in order
         self._range: Any = None
-        self.full = False
 
     # -- the window (engine thread) ------------------------------------------------------------
 
