@@ -24,27 +24,30 @@ from rltperf_tui.analysis.summary import load_recording
 from tests.conftest import LOOP_ENGINE, ROOT, start_engine
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used."""
-    with open(f"/proc/{pid}/stat") as f:
+def _cpu_s(pid: int, tid: int | None = None) -> float:
+    """CPU seconds (user + system) a process (or one of its threads) has used."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _rate(target: str, seconds: float, pid: int | None = None) -> float | tuple[float, float]:
+def _rate(target: str, seconds: float, pid: int | None = None) -> Any:
     """Engine steps per second of engine time, from a healthy subscriber; with ``pid``
-    also steps per CPU-second of the engine process (insensitive to other tenants)."""
+    (the reference engine, whose main thread runs the steps) also the CPU the engine's
+    other threads (the probe's) used per wall second, in cores."""
     s = ProbeAdapter(target, reconnect=False).connect()
     try:
         ends = []
-        c0 = _cpu_s(pid) if pid else 0.0
+        c0 = (_cpu_s(pid), _cpu_s(pid, pid)) if pid else (0.0, 0.0)
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
             ends += [r.end_ns for r in s.read(0.1) if isinstance(r, StepRecord)]
         wall = (len(ends) - 1) / ((ends[-1] - ends[0]) / 1e9)
         if pid is None:
             return wall
-        return wall, len(ends) / max(1e-9, _cpu_s(pid) - c0)
+        other = (_cpu_s(pid) - _cpu_s(pid, pid)) - (c0[0] - c0[1])
+        return wall, other / (time.monotonic() - t0)
     finally:
         s.close()
 
@@ -85,10 +88,11 @@ def test_stalled_subscriber_loses_oldest_and_never_slows_the_engine(loop_engine,
             os.kill(sub.pid, signal.SIGCONT)
             sub.kill()
     assert sub.returncode == 0, err
-    # While a subscriber is stalled the engine does not work harder per step (steps per
-    # engine CPU-second, immune to other tenants' load) and is never blocked (wall rate; a
-    # blocked engine would drop to ~0, loose bound: other tenants' load moves it).
-    assert during[1] > 0.85 * before[1], (before, during)
+    # While a subscriber is stalled the probe does not work harder (the CPU of the engine's
+    # threads other than the step loop, within 10 % of a core: steps per process CPU-second
+    # moved by 28 % with other tenants' load alone) and the engine is never blocked (wall rate; a blocked
+    # engine would drop to ~0, loose bound: other tenants' load moves it).
+    assert during[1] < before[1] + 0.10, (before, during)
     assert during[0] > 0.2 * before[0], (before, during)
     stats, _, _ = load_recording(rec)
     assert stats.dropped_sub > 0, "the stalled subscriber must see a non-zero drop count"
@@ -321,8 +325,9 @@ def test_a_ping_flood_does_not_slow_the_engine_for_other_subscribers(loop_engine
         stop.set()
         t.join(10)
     assert state["closed"] == 1 and state["pings"] > 0, state
-    # Steps per engine CPU-second (immune to other tenants) and the wall rate the
-    # well-behaved subscriber sees both hold while the client floods.
-    assert during[1] > 0.85 * before[1], (before, during, state)
+    # The probe's threads spend no more than 10 % of a core more while the client floods
+    # (a healthy subscriber's stream costs them 4-14 % here; a spinning probe would be ~100 %),
+    # and the wall rate the well-behaved subscriber sees holds.
+    assert during[1] < before[1] + 0.10, (before, during, state)
     assert during[0] > 0.7 * before[0], (before, during, state)
     assert "flooding" in loop_engine.log_text()
