@@ -153,6 +153,7 @@ def _one(feed: Any, session: Any, other: Any, mode: str, steps: int, path: str) 
 def run_vllm(args: Any) -> dict[str, Any]:
     """Both paths on one server; medians and worst per path."""
     from engine_adapters.monitor.registry import adapter_for
+    from engine_adapters.monitor.vllm.plugin_capture import VIA_VLLM
 
     url = args.vllm_url.rstrip("/")
     stop = threading.Event()
@@ -160,7 +161,7 @@ def run_vllm(args: Any) -> dict[str, Any]:
         _load(url, args.load, stop)
     host = url.split("://", 1)[-1]
     feed = Feed(adapter_for(args.target, reconnect=False).connect(), None)
-    vsess = adapter_for(f"vllm+http://{host}", reconnect=False).connect()
+    vsess = adapter_for(f"vllm+http://{host}", reconnect=False, capture_via=VIA_VLLM).connect()
     runs: list[dict[str, Any]] = []
     try:
         feed.read(3.0)

@@ -31,6 +31,13 @@ full = also record_shapes, profile_memory and with_stack (shapes, allocations, s
 Start small (one representative step or speculative round); profiled timings are not
 a baseline.
 
+vLLM: on a server with the rltperf plugin (RLTPERF_PROBE set; same host for a
+vllm+http:// target, whose plugin announces its probe), rltperf's own capture runs in
+vLLM's workers: no --profiler-config, no restart (?engine=N: one data-parallel
+engine).  Otherwise, or for a target summing several engines, or with
+RLTPERF_VLLM_CAPTURE=vllm, vllm+http:// captures use vLLM's own profiler (the server
+needs --profiler-config, and stops at the window's end).
+
 Progress goes to stderr: rewritten in place on a terminal, one line per state change
 (armed, capturing, exporting) otherwise.  A window whose engine stops stepping ends
 after the engine's idle timeout with a partial bundle (said on stderr; exit status 0,

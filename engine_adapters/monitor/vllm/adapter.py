@@ -9,7 +9,9 @@ It starts with a ``Hello`` whose ``EngineInfo`` comes from ``/version``, ``/v1/m
 and ``vllm:cache_config_info``.  It invents no steps or requests: per-step timing needs
 the rltperf vLLM plugin (``RLTPERF_PROBE``), attached with ``tcp://``.
 
-Captures go through vLLM's own profiler (``capture.py``).
+Captures: on a server with the rltperf plugin (announced on this host), the engine's own
+probe profiles N steps in vLLM's workers (``plugin_capture.py``: no ``--profiler-config``,
+no restart); otherwise vLLM's own profiler (``capture.py``: ``/start_profile``).
 
 ``vllm+http://HOST:PORT?engine=N`` watches one engine of a data-parallel server (its
 ``engine``-labelled series only; ``engines.py``): one replica each, as separate servers.
@@ -19,7 +21,9 @@ Options: ``interval`` (s, default 1), ``profiler_dir`` (the server's
 ``snapshots``), ``loop_count`` (a looped model's passes, to correct vLLM's byte
 estimate; default ``$RLTPERF_LOOP_COUNT``, else read from a local model's config.json),
 ``reconnect`` (default True), ``timeout`` (s per request, default 10; three timed-out
-scrapes in a row count as a lost server).
+scrapes in a row count as a lost server), ``capture_via`` (``auto``: the plugin's capture
+where announced, else vLLM's profiler; ``vllm``: vLLM's profiler; default
+``$RLTPERF_VLLM_CAPTURE``, else ``auto``).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ from engine_adapters.monitor.vllm.metrics import (
     lm_head_from,
     parse_scrape,
 )
+from engine_adapters.monitor.vllm.plugin_capture import CAPTURE_VIA_ENV, VIA_AUTO, VIA_VLLM, PluginCapture
 from engine_adapters.monitor.vllm.session_capture import CaptureSide
 
 DEFAULT_INTERVAL_S = 1.0
@@ -98,6 +103,7 @@ class VllmSession(CaptureSide, Session):
         self.announcement_why = ""
         self.snapshot_root = os.path.abspath(adapter.snapshot_root)
         self.reconnect = adapter.reconnect
+        self.capture_via = adapter.capture_via
         self.info: EngineInfo | None = None
         self.hello: Hello | None = None
         self.profiler_available: bool | None = None
@@ -115,7 +121,7 @@ class VllmSession(CaptureSide, Session):
         self._state = "connecting"
         self._ended = False
         self._lock = threading.Lock()
-        self._capture: HttpCapture | None = None
+        self._capture: HttpCapture | PluginCapture | None = None
         self._thread: threading.Thread | None = None
         self._slow = 0
         self._last_error = ""
@@ -404,7 +410,10 @@ class VllmSession(CaptureSide, Session):
         a harmless repeat."""
         self._stop.set()
         cap = self._capture
-        if cap is not None:
+        if isinstance(cap, PluginCapture):  # the engine's probe ends its own window
+            cap.cancel.set()
+            cap.join(CLOSE_WAIT_S)
+        elif cap is not None:
             cap.cancel.set()
             cap.join(CLOSE_WAIT_S)
             job = cap.job
@@ -464,6 +473,13 @@ class VllmAdapter(Adapter, Reconnecting):
         self.profiler_dir: str | None = os.path.abspath(os.path.expanduser(pdir)) if pdir else None
         self.snapshot_root: str = str(options.get("snapshot_root") or "snapshots")
         self.reconnect: bool = bool(options.get("reconnect", True))
+        via = str(options.get("capture_via") or os.environ.get(CAPTURE_VIA_ENV) or VIA_AUTO)
+        if via not in (VIA_AUTO, VIA_VLLM):
+            raise AdapterTargetError(
+                f"capture path {via!r} ({CAPTURE_VIA_ENV}) is not one of {VIA_AUTO!r} (the rltperf plugin's "
+                f"capture in vLLM's workers where announced, else vLLM's profiler) or {VIA_VLLM!r} (vLLM's profiler)"
+            )
+        self.capture_via = via
 
     def connect(self) -> VllmSession:
         s = VllmSession(self)

@@ -16,6 +16,7 @@ from typing import Any
 
 from engine_adapters.definitions.ranks import rank_name
 from engine_adapters.definitions.records import (
+    CaptureFailed,
     EngineInfo,
     MetricsSample,
     Record,
@@ -23,7 +24,7 @@ from engine_adapters.definitions.records import (
     TriggerInfo,
     to_builtins,
 )
-from engine_adapters.monitor.base import new_capture_id
+from engine_adapters.monitor.base import AdapterError, new_capture_id
 from engine_adapters.monitor.vllm.announced import Announcement, find_all
 from engine_adapters.monitor.vllm.capture import (
     PROFILER_FLAG_HELP,
@@ -34,6 +35,7 @@ from engine_adapters.monitor.vllm.capture import (
 from engine_adapters.monitor.vllm.capture_job import HttpCaptureJob
 from engine_adapters.monitor.vllm.http import HttpClient, ServerUnreachable
 from engine_adapters.monitor.vllm.metrics import ScrapeError, parse_scrape
+from engine_adapters.monitor.vllm.plugin_capture import CAPTURE_VIA_ENV, VIA_VLLM, PluginCapture
 
 
 class CaptureSide:
@@ -48,8 +50,9 @@ class CaptureSide:
     announcement: Announcement | None
     announcement_why: str
     last_sample: MetricsSample | None
-    _capture: HttpCapture | None
+    _capture: HttpCapture | PluginCapture | None
     _lock: threading.Lock
+    capture_via: str
 
     engine: str | None
     post: Callable[[Record], None]
@@ -86,6 +89,22 @@ class CaptureSide:
                     pids[pid] = rank_name(a.dp_rank, str(w))
         return (expected or None), pids
 
+    def plugin_probe(self) -> str | None:
+        """``HOST:PORT`` of the probe that captures this target's engine in vLLM's workers
+        (the rltperf plugin's announcement), or None: vLLM's profiler is the path (no
+        plugin here, ``capture_via`` is ``vllm``, or the target sums several engines,
+        which only vLLM's profiler captures at once)."""
+        if self.capture_via == VIA_VLLM:
+            return None
+        if self.announcement is None:
+            self._refresh_announcement()
+        ann = self.announcement
+        if ann is None or not ann.probe:
+            return None
+        if self.engine is None and len(find_all(self.http.host, self.http.port)[0]) > 1:
+            return None
+        return ann.probe
+
     def capture_blocker(self) -> str | None:
         """Why a capture cannot run here, or None."""
         if self.engine not in (None, "0"):
@@ -93,11 +112,19 @@ class CaptureSide:
                 f"vLLM's profiler captures every engine of the server at once: capture from the server's "
                 f"engine-0 target (vllm+{self.base_url}?engine=0, or the plain vllm+{self.base_url})"
             )
+        if self.profiler_available is False and self.capture_via == VIA_VLLM:
+            return (
+                f"the vLLM server at {self.base_url} was started without --profiler-config, so it has no "
+                f"/start_profile, and {CAPTURE_VIA_ENV}={VIA_VLLM} asks for vLLM's profiler (unset it to capture "
+                f"through the rltperf plugin), or restart it with {PROFILER_FLAG_HELP}"
+            )
         if self.profiler_available is False:
             return (
                 f"the vLLM server at {self.base_url} was started without --profiler-config, so it has no "
-                f"/start_profile; restart it with {PROFILER_FLAG_HELP} (with the rltperf plugin enabled rltperf "
-                "finds that directory by itself; otherwise give it with --profiler-dir)"
+                "/start_profile, and no rltperf plugin probe of this engine was found to capture in its workers "
+                f"({self.announcement_why or 'none announced'}): install rltperf in the server's environment and "
+                f"set RLTPERF_PROBE (no restart of a running server helps otherwise), or restart it with "
+                f"{PROFILER_FLAG_HELP}"
             )
         if not self.profiler_dir:
             self._refresh_announcement()
@@ -140,7 +167,7 @@ class CaptureSide:
             "kv_usage": s.kv_usage,
         }
 
-    def capture_finished(self, cap: HttpCapture) -> None:
+    def capture_finished(self, cap: object) -> None:
         """The capture thread ``cap`` is done: another capture may start."""
         with self._lock:
             if self._capture is cap:
@@ -157,8 +184,10 @@ class CaptureSide:
         with self._lock:
             running = self._capture
             if running is not None:
+                what = (f"{running.capture_id}: in the engine's workers" if isinstance(running, PluginCapture)
+                        else f"{running.job.capture_id}: {running.job.state}")  # fmt: skip
                 self.post(Refused(
-                    reason=f"a capture is already running ({running.job.capture_id}: {running.job.state}); one at a time",
+                    reason=f"a capture is already running ({what}); one at a time",
                     capture_id=cid,
                 ))  # fmt: skip
                 return cid
@@ -170,6 +199,19 @@ class CaptureSide:
                 requested_ns=_clk(), live_at_trigger=self._live(),
                 trigger=to_builtins(trigger) if trigger is not None else None,
             )  # fmt: skip
+            probe = self.plugin_probe()
+            if probe is not None:
+                plug = PluginCapture(probe, self.post, self.capture_finished, os.environ.get("RLTPERF_TOKEN"))
+                try:
+                    pid = plug.request(steps, mode, lab or None, trigger)
+                except AdapterError as exc:
+                    if not self.profiler_available:
+                        self.post(CaptureFailed(capture_id=cid, reason=(
+                            f"the rltperf plugin's probe of this engine ({probe}) did not take the capture: {exc}")))  # fmt: skip
+                        return cid
+                else:
+                    self._capture = plug
+                    return pid
             cap = HttpCapture(self, job)  # type: ignore[arg-type]  # the VllmSession is a CaptureHost
             self._capture = cap
         cap.start()

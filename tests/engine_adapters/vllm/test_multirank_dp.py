@@ -6,7 +6,8 @@ its own rltperf probe.  The tests check that both probes listen (base port, base
 and are announced, that each engine's exits equal the tokens vLLM's own counter gives
 that engine (its ``engine`` label), that ``/metrics`` of the server becomes one replica
 (a column and a ``--jsonl`` line) per engine, that a capture holds both engines' traces
-and ``report`` says "2/2 ranks", and last, that faults at the recorder's LM-head call
+and ``report`` says "2/2 ranks" (vLLM's profiler: the server's target sums both engines),
+that one engine's target (``?engine=1``) captures that engine through the plugin, and last, that faults at the recorder's LM-head call
 and the step wrapper's stage mark stop recording only.
 """
 
@@ -220,6 +221,32 @@ def test_a_capture_holds_both_engines_and_report_says_2_of_2(dp2: Server) -> Non
     assert len(set(ranks["held"].values())) == 2
     r = _cli(dp2, "report", str(bundle))
     assert "2/2 ranks" in r.stdout, r.stdout[:3000]
+
+
+def test_one_engines_target_captures_that_engine_in_its_worker_through_the_plugin(dp2: Server) -> None:
+    """``?engine=1``: the plugin's probe of engine 1 captures its worker (vLLM's profiler
+    could only take every engine at once, from engine 0's target)."""
+    stop = threading.Event()
+    bg = Load(dp2.url, conc=4, max_tokens=64)
+    t = threading.Thread(target=bg.run, args=(90.0, stop), daemon=True)
+    t.start()
+    try:
+        cap = _cli(dp2, "capture", f"vllm+http://127.0.0.1:{dp2.port}?engine=1", "--steps", "4", "--json",
+                   "--timeout", "90")  # fmt: skip
+    finally:
+        stop.set()
+        t.join(90)
+    assert cap.returncode == 0, cap.stderr[-3000:]
+    out = json.loads(cap.stdout)
+    assert out["complete"] is True and out["steps_captured"] == 4, out
+    assert "vLLM's workers" in out["via"] and "1/1 ranks" in out["via"], out
+    meta = json.loads((Path(out["bundle"]) / "meta.json").read_text())
+    assert meta["engine"]["dp_rank"] == 1
+    assert meta["capture"]["ranks"] == {
+        "expected": ["dp1-tp0"],
+        "missing": [],
+        "held": {"dp1-tp0": "trace.json.gz"},
+    }
 
 
 def test_faults_at_the_lm_head_and_a_stage_mark_stop_recording_only(dp2: Server) -> None:

@@ -60,9 +60,14 @@ def tp2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             os.environ["RLTPERF_RUNTIME_DIR"] = old
 
 
-def _cli(server: Server, *args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
+def _cli(
+    server: Server, *args: str, timeout: float = 200, via: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = M.cli_env(server)
+    if via:
+        env["RLTPERF_VLLM_CAPTURE"] = via  # vllm: vLLM's own profiler (auto: the plugin's capture)
     return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *args], capture_output=True, text=True,
-                          env=M.cli_env(server), timeout=timeout, cwd=str(server.log_path.parent))  # fmt: skip
+                          env=env, timeout=timeout, cwd=str(server.log_path.parent))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +95,21 @@ def tp2_run(tp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     t.start()
     try:
         cap = _cli(
+            tp2,
+            "capture",
+            f"vllm+http://127.0.0.1:{tp2.port}",
+            "--steps",
+            "4",
+            "--json",
+            "--timeout",
+            "150",
+            via="vllm",
+        )
+        # rltperf's own capture in both workers: the same vllm+http:// target, the path it
+        # takes by default on a server with the plugin (issue 23)
+        wcap = _cli(
             tp2, "capture", f"vllm+http://127.0.0.1:{tp2.port}", "--steps", "4", "--json", "--timeout", "150"
         )
-        # rltperf's own capture in both workers, through the plugin's probe (issue 23)
-        wcap = _cli(tp2, "capture", f"tcp://{tp2.probe}", "--steps", "4", "--json", "--timeout", "150")
     finally:
         stop.set()
         t.join(90)

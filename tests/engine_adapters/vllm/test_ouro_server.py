@@ -39,7 +39,11 @@ THRESHOLD = OURO_THRESHOLD
 
 
 def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        RLTPERF_VLLM_CAPTURE="vllm",
+    )  # its capture is vLLM's profiler's (vLLM's annotations)
     return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *args], capture_output=True, text=True,
                           env=env, timeout=timeout, cwd=str(ROOT))  # fmt: skip
 

@@ -137,7 +137,8 @@ def test_rltperf_capture_without_profiler_dir(server: Server, tmp_path: Path) ->
         p = subprocess.run(
             [sys.executable, "-m", "rltperf_tui.cli", "capture", _target(server), "--steps", "4", "--json"],
             capture_output=True, text=True, timeout=240, cwd=tmp_path,
-            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3])),
+            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3]),
+                     RLTPERF_VLLM_CAPTURE="vllm"),  # vLLM's profiler, its directory announced
         )  # fmt: skip
     finally:
         stop.set()
@@ -163,7 +164,9 @@ async def test_c_in_the_monitor_captures_and_the_header_names_dtype_and_device(
     from rltperf_tui.tui.widgets.target_header import TargetHeader
 
     _announcement(server)
-    adapter = VllmAdapter(_target(server), snapshot_root=str(tmp_path / "snaps"), interval=0.5)
+    adapter = VllmAdapter(
+        _target(server), snapshot_root=str(tmp_path / "snaps"), interval=0.5, capture_via="vllm"
+    )
     stop = threading.Event()
     load = Load(server.url, conc=2, max_tokens=48)
     lt = threading.Thread(target=load.run, args=(120.0, stop), daemon=True)

@@ -126,7 +126,7 @@ def test_capture_of_n_steps_gives_a_bundle_with_n_step_annotations(
 ) -> None:
     session = VllmAdapter(
         f"vllm+http://127.0.0.1:{vllm_server.port}", profiler_dir=str(vllm_server.profiler_dir),
-        snapshot_root=str(tmp_path / "snapshots"),
+        snapshot_root=str(tmp_path / "snapshots"), capture_via="vllm",  # vLLM's profiler (the plugin's: test_worker_capture)
     ).connect()  # fmt: skip
     col = Collector(session)
     load = Load(vllm_server.url, conc=3, max_tokens=64)
@@ -195,7 +195,7 @@ def test_close_during_a_capture_is_bounded_and_stops_the_profiler(
 
     session = VllmAdapter(
         f"vllm+http://127.0.0.1:{vllm_server.port}", profiler_dir=str(vllm_server.profiler_dir),
-        snapshot_root=str(tmp_path / "snapshots"),
+        snapshot_root=str(tmp_path / "snapshots"), capture_via="vllm",
     ).connect()  # fmt: skip
     col = Collector(session)
     load = Load(vllm_server.url, conc=2, max_tokens=64)

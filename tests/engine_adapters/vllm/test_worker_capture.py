@@ -5,7 +5,8 @@ One server for the module (``plain_server``: the tiny random Llama as
 ``vllm_fixtures.serve`` starts it, without ``--profiler-config``, with a fault
 directory).  While clients send completions, ``rltperf record`` records the plugin's
 stream and ``rltperf capture tcp://<plugin probe>`` takes a 4-step ops capture, a 4-step
-full capture and, right after it, another ops capture; then, with the load stopped, a
+full capture and, right after it, ``rltperf capture vllm+http://<server>`` another ops
+capture (the plugin's path too: the server has no profiler of its own); then, with the load stopped, a
 capture of the idle server.  The tests read the bundles, ``rltperf report`` and the
 recording (the step records around each capture, against the limit ``rltperf bench
 capture`` holds steps to: 3 x the median unprofiled step + 20 ms).
@@ -61,12 +62,12 @@ def _cli(server: Server, *args: str, timeout: float = 120) -> subprocess.Complet
                           env=env, timeout=timeout, cwd=str(server.log_path.parent))  # fmt: skip
 
 
-def _capture(server: Server, mode: str) -> tuple[dict[str, Any], float]:
+def _capture(server: Server, mode: str, target: str | None = None) -> tuple[dict[str, Any], float]:
     t0 = time.monotonic()
     r = _cli(
         server,
         "capture",
-        f"tcp://{server.probe}",
+        target or f"tcp://{server.probe}",
         "--steps",
         "4",
         "--mode",
@@ -100,7 +101,9 @@ def run(plain_server: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[
         time.sleep(3.0)  # unprofiled steps before the first capture
         caps.append(_capture(plain_server, "ops")[0])
         caps.append(_capture(plain_server, "full")[0])
-        caps.append(_capture(plain_server, "ops")[0])  # right after the full one's bundle
+        # right after the full one's bundle, asked of the server's HTTP target as a new user
+        # would: the plugin's probe takes it (no --profiler-config here)
+        caps.append(_capture(plain_server, "ops", f"vllm+http://127.0.0.1:{plain_server.port}")[0])
         time.sleep(3.0)  # the last export's steps and after
     finally:
         recorder.send_signal(2)  # SIGINT: the recording is written and closed
@@ -228,3 +231,48 @@ def test_a_failing_worker_profiler_fails_the_capture_with_its_reason_and_vllm_se
         stop.set()
         t.join(60)
     assert not load.errors, load.errors[:3]
+
+
+def test_c_on_the_servers_http_target_captures_in_the_workers_and_says_so(
+    plain_server: Server, run: dict[str, Any], tmp_path: Path
+) -> None:
+    """``c`` in the monitor attached to ``vllm+http://`` of a server started without
+    ``--profiler-config``: the plugin's probe captures N steps in the worker (before, the
+    screen said to restart the server), and the captures panel names that path."""
+    import asyncio
+
+    from engine_adapters.monitor.vllm.adapter import VllmAdapter
+    from rltperf_tui.tui.app import MonitorApp, TargetSpec
+    from rltperf_tui.tui.widgets.captures import CapturesPanel
+    from tests.rltperf_tui.tui._uihelpers import panel_text, wait_for
+
+    target = f"vllm+http://127.0.0.1:{plain_server.port}"
+    stop = threading.Event()
+    load = Load(plain_server.url, conc=2, max_tokens=48)
+    lt = threading.Thread(target=load.run, args=(120.0, stop), daemon=True)
+    lt.start()
+
+    async def press_c() -> tuple[list[Any], str]:
+        app = MonitorApp(
+            [TargetSpec(target=target, adapter=VllmAdapter(target, interval=0.5))], capture_steps=4
+        )
+        async with app.run_test(size=(160, 48)) as pilot:
+            h = app.handles[0]
+            await wait_for(pilot, lambda: h.stats.info is not None, what="hello")
+            await pilot.press("c")
+            await wait_for(pilot, lambda: any(c.state in ("saved", "failed") for c in h.stats.captures.values()),
+                           timeout=90, what="capture")  # fmt: skip
+            app.force_render()
+            await pilot.pause(0.2)
+            return list(h.stats.captures.values()), panel_text(app, CapturesPanel)
+
+    try:
+        caps, panel = asyncio.run(press_c())
+    finally:
+        stop.set()
+        lt.join(60)
+    assert [c.state for c in caps] == ["saved"], [(c.state, getattr(c, "reason", None)) for c in caps]
+    assert "via rltperf in vLLM's workers" in panel, panel
+    meta = json.loads((Path(caps[0].bundle) / "meta.json").read_text())["capture"]
+    assert meta["complete"] is True and meta["steps_captured"] == 4
+    assert meta["ranks"]["held"] == {"dp0-tp0": "trace.json.gz"}
