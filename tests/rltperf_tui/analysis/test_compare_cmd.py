@@ -1,8 +1,12 @@
 """``rltperf compare`` on real recordings of real engines, and on real bundles.
 
-Three engines run at the same time (so the shared machine's load hits all of them
-alike): A and A2 with the same configuration, B with an injected stall (20 ms after
-every 10th step).  Each is recorded for a few seconds, unprofiled.
+The recordings and bundles are committed (``data/compare/``, made by
+``data/make_compare_data.py``): three reference loop engines recorded at the same time
+(so the machine's load hit all of them alike), A and A2 with the same configuration, B
+with an injected stall (20 ms after every 10th step), each unprofiled for a few
+seconds; then captures.  The analysis is offline: fixed inputs make its verdicts the
+same on every run (the same-configuration check once failed on a loaded machine's luck).
+The live capture -> bundle -> analysis path is ``test_report_cmd.py``'s.
 """
 
 from __future__ import annotations
@@ -11,19 +15,14 @@ import json
 import os
 import re
 import struct
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import LOOP_ENGINE, EngineProc, start_engine
-
-COMMON = ["--sleep-ms", "0.5", "--requests-every", "8", "--loops", "4"]
-MIN_RECORD_S = 3.0
-MIN_STEPS = 800  # P99 needs 500 samples: record until every engine has given this many steps
+DATA = Path(__file__).resolve().parent / "data" / "compare"
+"""The fixed recordings and bundles (``data/make_compare_data.py`` regenerates them)."""
 
 _capsys: Any = None
 
@@ -46,98 +45,15 @@ def cli(*args: str) -> tuple[int, str, str]:
     return rc, out.out, out.err
 
 
-def _record(target: str, path: Path, counts: dict[str, int], stop: threading.Event) -> None:
-    from engine_adapters.definitions.records import StepRecord
-    from engine_adapters.monitor.recording import RecordingWriter
-    from engine_adapters.monitor.registry import adapter_for
-
-    s = adapter_for(target, reconnect=False).connect()
-    w = RecordingWriter(path, target=target)
-    try:
-        while not stop.is_set():
-            recs = s.read(0.1)
-            w.write(recs)
-            counts[str(path)] += sum(isinstance(r, StepRecord) for r in recs)
-    finally:
-        w.close()
-        s.close()
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    d = tmp_path_factory.mktemp("ab")
-    engines: dict[str, EngineProc] = {}
-    configs = {"a": [], "a2": [], "b": ["--stall-ms", "20@10"]}
-
-    def start(name: str) -> None:
-        engines[name] = start_engine(
-            [
-                str(LOOP_ENGINE),
-                "--duration",
-                "300",
-                "--snapshots",
-                str(d / f"snaps_{name}"),
-                *COMMON,
-                *configs[name],
-            ],
-            timeout=180,  # three engines start at once on a shared machine
-        )
-
-    try:
-        t_start = time.monotonic()
-        starters = [threading.Thread(target=start, args=(n,)) for n in configs]
-        for t in starters:
-            t.start()
-        for t in starters:
-            t.join()
-        assert set(engines) == set(configs), "an engine did not start"
-        print(f"[engines up {time.monotonic() - t_start:.1f} s]", end=" ")
-        paths = {n: d / f"{n}.rltrec" for n in engines}
-        counts = {str(p): 0 for p in paths.values()}
-        stop = threading.Event()
-        th = [
-            threading.Thread(target=_record, args=(e.target, paths[n], counts, stop))
-            for n, e in engines.items()
-        ]
-        for t in th:
-            t.start()
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 30 and (
-            time.monotonic() - t0 < MIN_RECORD_S or min(counts.values()) < MIN_STEPS
-        ):
-            time.sleep(0.1)
-        stop.set()
-        for t in th:
-            t.join()
-        print(f"[recorded {time.monotonic() - t0:.1f} s: {sorted(counts.values())} steps]", end=" ")
-        # a second round of B, recorded after the first: rounds are separate recordings
-        # (one file given twice is refused)
-        paths["b2"] = d / "b2.rltrec"
-        counts = {str(paths["b2"]): 0}
-        stop = threading.Event()
-        t = threading.Thread(target=_record, args=(engines["b"].target, paths["b2"], counts, stop))
-        t.start()
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 30 and (
-            time.monotonic() - t0 < MIN_RECORD_S or min(counts.values()) < MIN_STEPS
-        ):
-            time.sleep(0.1)
-        stop.set()
-        t.join()
-        from test_report_cmd import capture
-
-        bundles = [
-            capture(engines["a"].target, 4, "ops"),
-            capture(engines["a"].target, 4, "ops"),
-            capture(engines["b"].target, 4, "full"),
-            capture(engines["a"].target, 6, "full"),  # A's engine in the other mode and window
-        ]
-        yield {"rec": {n: str(p) for n, p in paths.items()}, "bundles": bundles}
-    finally:
-        for e in engines.values():
-            e.proc.terminate()
-        for e in engines.values():
-            e.stop()
+def runs() -> dict[str, Any]:
+    """The committed recordings (A, A2: one configuration; B, B2: the stall, two rounds)
+    and bundles (two ops captures of A, a full one of B, a 6-step full one of A)."""
+    rec = {n: DATA / f"{n}.rltrec" for n in ("a", "a2", "b", "b2")}
+    bundles = [DATA / "bundles" / n for n in ("a_ops_1", "a_ops_2", "b_full", "a_full_6")]
+    missing = [str(p) for p in [*rec.values(), *bundles] if not p.exists()]
+    assert not missing, f"fixture data missing (run data/make_compare_data.py): {missing}"
+    return {"rec": {n: str(p) for n, p in rec.items()}, "bundles": [str(b) for b in bundles]}
 
 
 def _metric(res: dict[str, Any], key: str) -> dict[str, Any]:
