@@ -22,7 +22,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_ouro
@@ -97,3 +97,29 @@ def read_lines(stream: IO[str], into: list[str]) -> threading.Thread:
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
+
+
+def capture_in_process(
+    target: str, steps: int, snapshot_root: Path, timeout: float = 150.0, **options: object
+) -> dict[str, Any]:
+    """``rltperf capture TARGET --steps N --json``'s result, asked from this (already
+    running) process: on 2 cores a loaded multi-rank server left a fresh ``rltperf``
+    process ~0.5 % of a CPU (its imports took 60-70 s before the request went out; the
+    server runs in its own session, so its own scheduler group).  The CLI's capture on
+    vLLM is tested in ``test_worker_capture.py``."""
+    from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Refused
+    from engine_adapters.monitor.registry import adapter_for
+
+    s = adapter_for(target, reconnect=False, snapshot_root=str(snapshot_root), **options).connect()
+    try:
+        cid = s.request_capture(steps, "ops")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for r in s.read(0.2):
+                if isinstance(r, (CaptureDone, CaptureFailed, Refused)) and r.capture_id == cid:
+                    assert isinstance(r, CaptureDone), r
+                    return {"bundle": r.bundle, "steps_captured": r.steps_captured, "via": r.via,
+                            "complete": r.note is None and r.steps_captured == r.steps_requested}  # fmt: skip
+    finally:
+        s.close()
+    raise AssertionError(f"no capture result from {target} within {timeout:g} s")

@@ -200,20 +200,18 @@ def test_the_screen_shows_a_column_and_a_replica_row_per_engine(dp2: Server) -> 
     assert "DP 0" in headers[0] and "DP 1" in headers[1], headers
 
 
-def test_a_capture_holds_both_engines_and_report_says_2_of_2(dp2: Server) -> None:
+def test_a_capture_holds_both_engines_and_report_says_2_of_2(dp2: Server, tmp_path: Path) -> None:
     stop = threading.Event()
     bg = Load(dp2.url, conc=4, max_tokens=64)
     t = threading.Thread(target=bg.run, args=(150.0, stop), daemon=True)
     t.start()
     try:
-        cap = _cli(
-            dp2, "capture", f"vllm+http://127.0.0.1:{dp2.port}", "--steps", "4", "--json", "--timeout", "150"
-        )
+        cap = M.capture_in_process(f"vllm+http://127.0.0.1:{dp2.port}", 4, tmp_path)
     finally:
         stop.set()
         t.join(90)
-    assert cap.returncode == 0, cap.stderr[-3000:]
-    bundle = Path(json.loads(cap.stdout)["bundle"])
+    assert "vLLM's own profiler" in str(cap["via"]), cap  # the server's target sums both engines
+    bundle = Path(str(cap["bundle"]))
     ranks = json.loads((bundle / "meta.json").read_text())["capture"]["ranks"]
     # vLLM names both engines' worker traces dp0_..._rank0: the pids tell them apart
     assert ranks["expected"] == ["dp0-tp0", "dp1-tp0"] and ranks["missing"] == [], ranks
@@ -223,7 +221,9 @@ def test_a_capture_holds_both_engines_and_report_says_2_of_2(dp2: Server) -> Non
     assert "2/2 ranks" in r.stdout, r.stdout[:3000]
 
 
-def test_one_engines_target_captures_that_engine_in_its_worker_through_the_plugin(dp2: Server) -> None:
+def test_one_engines_target_captures_that_engine_in_its_worker_through_the_plugin(
+    dp2: Server, tmp_path: Path
+) -> None:
     """``?engine=1``: the plugin's probe of engine 1 captures its worker (vLLM's profiler
     could only take every engine at once, from engine 0's target)."""
     stop = threading.Event()
@@ -231,16 +231,13 @@ def test_one_engines_target_captures_that_engine_in_its_worker_through_the_plugi
     t = threading.Thread(target=bg.run, args=(90.0, stop), daemon=True)
     t.start()
     try:
-        cap = _cli(dp2, "capture", f"vllm+http://127.0.0.1:{dp2.port}?engine=1", "--steps", "4", "--json",
-                   "--timeout", "90")  # fmt: skip
+        out = M.capture_in_process(f"vllm+http://127.0.0.1:{dp2.port}?engine=1", 4, tmp_path, timeout=90)
     finally:
         stop.set()
         t.join(90)
-    assert cap.returncode == 0, cap.stderr[-3000:]
-    out = json.loads(cap.stdout)
     assert out["complete"] is True and out["steps_captured"] == 4, out
-    assert "vLLM's workers" in out["via"] and "1/1 ranks" in out["via"], out
-    meta = json.loads((Path(out["bundle"]) / "meta.json").read_text())
+    assert "vLLM's workers" in str(out["via"]) and "1/1 ranks" in str(out["via"]), out
+    meta = json.loads((Path(str(out["bundle"])) / "meta.json").read_text())
     assert meta["engine"]["dp_rank"] == 1
     assert meta["capture"]["ranks"] == {
         "expected": ["dp1-tp0"],
