@@ -1,7 +1,8 @@
 """``rltperf compare --fail-on``: the regression gate (rltperf_tui/analysis/gate.py).
 
-The end-to-end tests run the reference engine as a CI job would, each side recorded
-by ``rltperf record`` for a few seconds: A and A2, two ``rltperf engine`` processes of
+The end-to-end tests judge recordings made as a CI job would make them (committed:
+``data/gate/``, made by ``data/make_gate_data.py``), each side recorded by ``rltperf
+record`` for a few seconds: A and A2, two ``rltperf engine`` processes of
 one configuration, recorded at the same time, must pass the gate; then A again and B,
 with an injected host stall (``--inject-stall 100@1``: 100 ms of busy host time in every
 step), recorded at the same time: B must fail it on step time P50 with exit 3 and one
@@ -18,14 +19,7 @@ and says whether it was established.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +27,9 @@ import pytest
 
 from rltperf_tui.analysis import gate as G
 from rltperf_tui.analysis import verdicts as V
-from tests.conftest import ROOT, EngineProc, run_rltperf, start_engine
+from tests.conftest import run_rltperf
 
 RULES = ("--fail-on", "step_p50_ms:+5%", "--fail-on", "tokens_per_s:-3%")
-STALL = "100@1"  # 100 ms of busy host time in every step's schedule stage
-RECORD_S = "4"
 
 
 # --------------------------------------------------------------------------- rules
@@ -188,64 +180,20 @@ def test_a_ratio_figure_that_flips_sign_across_rounds_is_not_established(tmp_pat
 # --------------------------------------------------------------------------- the reference engine
 
 
-def _record(target: str, out: Path) -> None:
-    p = subprocess.run(
-        [sys.executable, "-m", "rltperf_tui.cli", "record", target, "--duration", RECORD_S, "-q", "-o", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stderr
-
-
-def _engine(d: Path, name: str, *extra: str) -> EngineProc:
-    return start_engine(
-        ["-m", "rltperf_tui.cli", "engine", "--listen", "127.0.0.1:0", "--workload", "closed:4",
-         "--duration", "300", "--snapshots", str(d / f"snaps_{name}"), *extra],
-        cwd=d, timeout=180,
-    )  # fmt: skip
-
-
-def _record_pair(pair: dict[str, tuple[EngineProc, Path]]) -> None:
-    """Record two engines at once, so the machine's load hits both alike."""
-    th = [threading.Thread(target=_record, args=(e.target, p)) for e, p in pair.values()]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join()
-    assert all(p.exists() for _, p in pair.values())
+GATE_DATA = Path(__file__).resolve().parent / "data" / "gate"
+"""The fixed recordings of the end-to-end tests (``data/make_gate_data.py`` regenerates them)."""
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """Two engines running at a time (one thread each, on two cores): A and A2 (one
-    configuration) recorded together while B (the stall) is stopped (SIGSTOP: it takes
-    no CPU), then A again and B together while A2 is stopped.  All three start at once:
-    an engine's start (torch, calibration) is most of this fixture's time."""
-    d = tmp_path_factory.mktemp("gate")
-    engines: dict[str, EngineProc] = {}
-    configs: dict[str, tuple[str, ...]] = {"a": (), "a2": (), "b": ("--inject-stall", STALL)}
-
-    def start(name: str) -> None:
-        engines[name] = _engine(d, name, *configs[name])
-
-    paths = {n: d / f"{n}.rltrec" for n in ("a", "a2", "a3", "b")}
-    try:
-        th = [threading.Thread(target=start, args=(n,)) for n in configs]
-        for t in th:
-            t.start()
-        for t in th:
-            t.join()
-        assert set(engines) == set(configs), "an engine did not start"
-        os.kill(engines["b"].proc.pid, signal.SIGSTOP)
-        _record_pair({"a": (engines["a"], paths["a"]), "a2": (engines["a2"], paths["a2"])})
-        os.kill(engines["a2"].proc.pid, signal.SIGSTOP)
-        os.kill(engines["b"].proc.pid, signal.SIGCONT)
-        _record_pair({"a3": (engines["a"], paths["a3"]), "b": (engines["b"], paths["b"])})
-        yield {n: str(p) for n, p in paths.items()}
-    finally:
-        for e in engines.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(e.proc.pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-            e.stop()
+def recorded() -> dict[str, str]:
+    """``rltperf record`` of two reference engines of one configuration, A and A2,
+    recorded together; then A again (``a3``) and B, with the injected stall, together
+    (``data/make_gate_data.py``: committed, so the gate's verdicts are the same on every
+    run; the analysis is offline)."""
+    paths = {n: GATE_DATA / f"{n}.rltrec" for n in ("a", "a2", "a3", "b")}
+    missing = [str(p) for p in paths.values() if not p.exists()]
+    assert not missing, f"fixture data missing (run data/make_gate_data.py): {missing}"
+    return {n: str(p) for n, p in paths.items()}
 
 
 def _gate(*args: str) -> tuple[int, dict[str, Any], str]:
