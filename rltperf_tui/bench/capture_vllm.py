@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import statistics
-import threading
+import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -95,19 +96,32 @@ def window_stalls(
     return stalls(steps, start, end, req)
 
 
-def _load(url: str, conc: int, stop: threading.Event) -> None:
-    def one() -> None:
-        body = json.dumps({"model": _model(url), "prompt": "def f(x): return x *", "max_tokens": 64}).encode()
-        while not stop.is_set():
-            req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(req, timeout=60) as r:
-                    r.read()
-            except OSError:
-                time.sleep(0.2)
+_LOAD_SCRIPT = """
+import json, sys, threading, time, urllib.request
+url, conc, model = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+body = json.dumps({"model": model, "prompt": "def f(x): return x *", "max_tokens": 64}).encode()
+def one():
+    while True:
+        req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                r.read()
+        except OSError:
+            time.sleep(0.2)
+for _ in range(conc):
+    threading.Thread(target=one, daemon=True).start()
+sys.stdin.read()  # until the bench closes the pipe (or ends)
+"""
+"""``--load``'s clients, in a process of their own: in the bench's process they shared its
+GIL with the stream reader, and a burst of records there held the requests back (the
+engine core sat idle waiting for work: gaps that were the bench's, not the capture's)."""
 
-    for _ in range(conc):
-        threading.Thread(target=one, daemon=True).start()
+
+def _load(url: str, conc: int) -> subprocess.Popen[bytes]:
+    """``conc`` clients sending 64-token completions back to back until the process is ended."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _LOAD_SCRIPT, url, str(conc), _model(url)], stdin=subprocess.PIPE
+    )
 
 
 def _model(url: str) -> str:
@@ -156,9 +170,7 @@ def run_vllm(args: Any) -> dict[str, Any]:
     from engine_adapters.monitor.vllm.plugin_capture import VIA_VLLM
 
     url = args.vllm_url.rstrip("/")
-    stop = threading.Event()
-    if args.load:
-        _load(url, args.load, stop)
+    loader = _load(url, args.load) if args.load else None
     host = url.split("://", 1)[-1]
     feed = Feed(adapter_for(args.target, reconnect=False).connect(), None)
     vsess = adapter_for(f"vllm+http://{host}", reconnect=False, capture_via=VIA_VLLM).connect()
@@ -171,7 +183,9 @@ def run_vllm(args: Any) -> dict[str, Any]:
                 del feed.history[:-20000]
                 feed.read(1.0)
     finally:
-        stop.set()
+        if loader is not None:
+            loader.kill()
+            loader.wait()
         vsess.close()
         feed.session.close()
     paths: dict[str, Any] = {}
