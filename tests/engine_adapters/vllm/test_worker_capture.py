@@ -98,6 +98,13 @@ def run(plain_server: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[
     )  # fmt: skip
     caps: list[dict[str, Any]] = []
     try:
+        # the recording file is made once the probe answered: beside the loaded server a
+        # fresh process can take many seconds to get there (a CI run's first window had no
+        # recorded step at all after a fixed 3 s)
+        deadline = time.monotonic() + 90
+        while not rec.exists() and recorder.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert rec.exists(), "the recorder did not connect to the probe"
         time.sleep(3.0)  # unprofiled steps before the first capture
         caps.append(_capture(plain_server, "ops")[0])
         caps.append(_capture(plain_server, "full")[0])
