@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 from rltperf_tui.bench.capture import _start_engine
+from rltperf_tui.bench.feed import Feed
 
 HELP = "steps during a bundle's export vs uncaptured steps: step time, rates, stalls, per mode"
 DESCRIPTION = __doc__ or HELP
@@ -98,27 +99,19 @@ def _rates(steps: list[Any]) -> tuple[float, float] | None:
     return len(rest) / span, sum(s.out_tokens for s in rest) / span
 
 
-def _one(session: Any, mode: str, n: int, settle: float, hist: dict[int, Any]) -> dict[str, Any]:
-    from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Refused, StepRecord
+def _one(feed: Feed, mode: str, n: int, settle: float) -> dict[str, Any]:
+    from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Refused
 
-    def read(seconds: float, until: Any = None) -> Any:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            for r in session.read(0.1):
-                if isinstance(r, StepRecord):
-                    hist[r.step_id] = r
-                elif until is not None and until(r):
-                    return r
-        return None
-
-    read(settle)
+    feed.read(settle)
     t_req = time.perf_counter_ns()
     before = [
-        s for s in hist.values() if t_req - settle * 1e9 <= s.start_ns and s.end_ns < t_req and not s.flags
+        s for s in feed.history if t_req - settle * 1e9 <= s.start_ns and s.end_ns < t_req and not s.flags
     ]
-    cid = session.request_capture(n, mode, "bench")
-    res = read(300, lambda r: isinstance(r, (CaptureDone, CaptureFailed, Refused)) and r.capture_id == cid)
-    read(0.5)  # the steps of the export's last moments arrive a little later
+    cid = feed.session.request_capture(n, mode, "bench")
+    res = feed.read(
+        300, lambda r: isinstance(r, (CaptureDone, CaptureFailed, Refused)) and r.capture_id == cid
+    )
+    feed.read(0.5)  # the steps of the export's last moments arrive a little later
     if not isinstance(res, CaptureDone):
         return {"mode": mode, "error": getattr(res, "reason", "no answer")}
     print(
@@ -136,14 +129,13 @@ def _one(session: Any, mode: str, n: int, settle: float, hist: dict[int, Any]) -
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import tempfile
 
-    from engine_adapters.definitions.records import StepRecord
     from engine_adapters.monitor.registry import adapter_for
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(0, args.load))]
     tmp = tempfile.TemporaryDirectory(prefix="rltperf-bench-exporting-")
     proc = None
-    hist: dict[int, Any] = {}
+    feed: Feed | None = None
     runs: list[dict[str, Any]] = []
     load0 = os.getloadavg()[0]
     try:
@@ -154,16 +146,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         opts: dict[str, Any] = {"reconnect": False}
         if args.token:
             opts["token"] = args.token
-        session = adapter_for(target, **opts).connect()
+        feed = Feed(adapter_for(target, **opts).connect(), None)
         try:
             for _ in range(max(1, args.repeats)):
                 for mode in modes:
-                    runs.append(_one(session, mode, args.steps, args.settle, hist))
-            end = time.monotonic() + args.settle  # the last export's steps, then some plain ones
-            while time.monotonic() < end:
-                hist.update((x.step_id, x) for x in session.read(0.1) if isinstance(x, StepRecord))
+                    runs.append(_one(feed, mode, args.steps, args.settle))
+            feed.read(args.settle)  # the last export's steps, then some plain ones
         finally:
-            session.close()
+            feed.session.close()
     finally:
         if proc is not None:
             proc.terminate()
@@ -175,7 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             b.kill()
             b.wait()
         tmp.cleanup()
-    out = _analyse([hist[i] for i in sorted(hist)], runs, modes, args.margin)
+    out = _analyse(sorted(feed.history, key=lambda r: r.step_id) if feed else [], runs, modes, args.margin)
     return {
         "engine": engine,
         "load": args.load,

@@ -46,19 +46,24 @@ class Feed:
         self.rss: int | None = None
 
     def read(self, seconds: float, until: Any = None) -> Any:
-        """Read for ``seconds`` (or until ``until(record)`` is true); the matching record."""
+        """Read for ``seconds`` (or until ``until(record)`` is true); the matching record.
+
+        The batch the matching record came in is kept whole: the step records after it in
+        that batch are history too (dropping them left a hole that read as a stall of the
+        engine right after a capture's answer)."""
         from engine_adapters.definitions.records import DeviceSample, StepRecord
 
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        found = None
+        while found is None and time.monotonic() < end:
             for r in self.session.read(min(0.2, max(0.01, end - time.monotonic()))):
                 if isinstance(r, StepRecord):
                     self.history.append(r)
                 elif isinstance(r, DeviceSample) and r.proc_rss:
                     self.rss = r.proc_rss
-                elif until is not None and until(r):
-                    return r
-        return None
+                elif found is None and until is not None and until(r):
+                    found = r
+        return found
 
     def rss_bytes(self) -> int | None:
         """The engine's resident memory now: /proc when local, else the probe's last sample."""
