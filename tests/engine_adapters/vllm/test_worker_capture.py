@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from vllm_fixtures import ROOT, Load, Server, start_server
 from vllm_servers import server_kind
 
-from engine_adapters.definitions.records import StepRecord
+from engine_adapters.definitions.records import Stats, StepRecord
 from engine_adapters.monitor.recording import read_all
 from rltperf_tui.bench.capture_vllm import window_stalls
 
@@ -181,8 +181,17 @@ def test_no_step_or_gap_beyond_the_limit_around_each_ops_capture(run: dict[str, 
         w = window_stalls(steps, c, after_s=0.0)  # the gaps (and the limit)
         assert w.steps_checked >= 6, w
         assert w.worst_gap_ms <= w.limit_ms, w
-        # the warm-up step, or the first recorded after it (a CI run lacked that one step)
+        # the warm-up step, or the first recorded after it only where the probe says it dropped
+        # records for the recorder (a CI run lacked that one step: a recorder starved of CPU
+        # beside the loaded server falls behind, and the probe drops its oldest records)
         warm = min((r for r in steps if r.step_id >= c["profiler_warmup_step"]), key=lambda r: r.step_id)
+        dropped = max(
+            (r.sub_dropped + r.ring_dropped for r in run["records"] if isinstance(r, Stats)), default=0
+        )
+        assert warm.step_id == c["profiler_warmup_step"] or dropped > 0, (
+            warm.step_id,
+            c["profiler_warmup_step"],
+        )
         end = c["window_end_ns"] + c["export_s"] * 1e9
         over = sorted(
             ((r.end_ns - r.start_ns) / 1e6, r.step_id)
