@@ -112,9 +112,8 @@ for _ in range(conc):
     threading.Thread(target=one, daemon=True).start()
 sys.stdin.read()  # until the bench closes the pipe (or ends)
 """
-"""``--load``'s clients, in a process of their own: in the bench's process they shared its
-GIL with the stream reader, and a burst of records there held the requests back (the
-engine core sat idle waiting for work: gaps that were the bench's, not the capture's)."""
+"""``--load``'s clients, in a process of their own: in the bench's process they would share
+its GIL with the stream reader, so a burst of records could hold their requests back."""
 
 
 def _load(url: str, conc: int) -> subprocess.Popen[bytes]:
