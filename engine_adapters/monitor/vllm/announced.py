@@ -3,8 +3,11 @@
 ``find(host, port)`` returns the announcement of the vLLM server listening on
 ``host:port`` on this host (``find_all``: every engine's, one per data-parallel rank): both of its processes alive (pid and start time), the API
 server listening on that port at an address ``host`` reaches.  A file left by a
-killed server, a server on another port, or a target on another host gives None and
-a sentence why.  ``merge`` fills an ``EngineInfo`` learnt over HTTP with what the
+server that is gone (a process of it dead, or its pid reused: start times differ) is
+removed when it is read: the engine core removes its own at exit, but vLLM's shutdown
+SIGKILLs the engine core right after its SIGTERM ("force killing remaining processes",
+timeout 0 s), often before that.  A server on another port, or a target on another
+host, gives None and a sentence why.  ``merge`` fills an ``EngineInfo`` learnt over HTTP with what the
 engine announced (dtype, device, quantization, limits, contract fields).
 """
 
@@ -179,6 +182,8 @@ def find_all(host: str, port: int) -> tuple[list[Announcement], str]:
                 alive(api, data.get("api_start")) and alive(int(data["engine_pid"]), data.get("engine_start"))
             ):
                 stale += 1
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # a server that is gone: nobody will read it again
                 continue
             listen = [(str(a), int(p)) for a, p in data.get("listen") or []]
             if not any(p == port for _, p in listen):  # written before the port was bound: look now
@@ -194,7 +199,7 @@ def find_all(host: str, port: int) -> tuple[list[Announcement], str]:
         return sorted(same, key=lambda a: (a.dp_rank, a.engine_pid)), ""
     why = f"no live rltperf announcement for port {port} in {' or '.join(dirs)}"
     if stale:
-        why += f" ({stale} left by a server that is gone, ignored)"
+        why += f" ({stale} left by a server that is gone, removed)"
     return [], why + f": {ENABLE_HINT}"
 
 

@@ -170,11 +170,12 @@ def test_find_by_port_and_ignore_what_is_gone(server: FakeServer, runtime: Path)
     os.utime(stale_path, (time.time() + 60, time.time() + 60))
     ann, _ = find("127.0.0.1", server.port)
     assert ann is not None and ann.profiler_dir == "/srv/prof"
-    # the server stops: its announcement no longer counts, and the next writer prunes both files
+    assert not stale_path.exists()  # read as stale, so removed (nobody would read it again)
+    # the server stops: its announcement no longer counts, and the read removes it too
     server.stop()
     ann, why = find("127.0.0.1", server.port)
-    assert ann is None and "left by a server that is gone" in why
-    assert announce.prune(str(runtime)) == 2 and not list(runtime.glob("*.json"))
+    assert ann is None and "left by a server that is gone, removed" in why
+    assert not list(runtime.glob("*.json")) and announce.prune(str(runtime)) == 0
 
 
 def test_a_directory_others_can_write_is_not_read(server: FakeServer, runtime: Path) -> None:

@@ -266,5 +266,8 @@ def test_the_announcement_goes_when_the_server_stops(vllm_server_to_stop: Server
     path = Path(ann.path)
     server.stop()  # returns once every process of the server is gone
     assert not any(where.alive(pid, None) for pid in (ann.api_pid, ann.engine_pid))
-    assert not path.exists()
+    # no reader sees the stopped server, and its file is gone: removed by the engine core at
+    # exit, or by that read as stale (vLLM's shutdown SIGKILLs the engine core right after
+    # its SIGTERM, often before its exit handlers run: a CI run kept the file)
     assert find("127.0.0.1", server.port)[0] is None
+    assert not path.exists()
