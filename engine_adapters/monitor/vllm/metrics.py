@@ -184,8 +184,14 @@ def parse_scrape(text: str, ts_ns: int, engine: str | None = None) -> Scrape:
             fam = _one_engine(fam, engine)
         if fam.type == "counter":
             for sname, labels, value, _ in fam.samples:
-                # a counter's sample is *_total (a 0.0.4 counter named without it gets it)
-                name = sname if sname.endswith("_total") else sname + "_total"
+                # a counter's value is *_total: a 0.0.4 counter family named without
+                # it gets it on every sample, one named with it keeps its samples' names
+                # and a sample not so named is no value (prometheus_client's reading;
+                # it differs only for samples read before a second # TYPE of the
+                # family, e.g. a histogram's, made it a counter)
+                name = sname if fam.name.endswith("_total") else sname + "_total"
+                if not name.endswith("_total"):
+                    continue
                 eng = labels.get("engine")
                 if eng is not None:
                     out.engines.add(eng)
