@@ -39,14 +39,14 @@ Announcements go to a private runtime directory of the session
 (``RLTPERF_RUNTIME_DIR``, set for the test process and the servers alike), so no other
 server on the machine and no earlier run is seen.
 
-Parallel runs (``pytest -n N --dist loadgroup``, as the README's test command runs the
-suite).  Every test that uses a kind is also marked ``xdist_group("vllm-servers")``, so
+Parallel runs (``pytest -n N --dist loadgroup``; the README's command stays serial).
+Every test that uses a kind is also marked ``xdist_group("vllm-servers")``, so
 pytest-xdist sends all of them, in the order above, to one worker: that worker's pool is
 the only one, no server starts twice and at most two are up at once, while the other
 workers run the rest of the suite, a module at a time (each other test's group is its
-module, so a module-scoped engine or server starts once).  Each worker has its own announcement directory, so a
-test elsewhere never sees the servers of this group.  The servers' start counts of every
-worker are summed in the final summary.
+module, so a module-scoped engine or server starts once).  Each worker has its own
+announcement directory, so a test elsewhere never sees the servers of this group.  The
+servers' start counts of every worker are summed in the final summary.
 
 Adding a kind (a TP 2 or DP 2 server, another model) from any test module::
 
