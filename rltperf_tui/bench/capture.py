@@ -248,16 +248,41 @@ def _one_capture(feed: Feed, mode: str, steps: int) -> dict[str, Any]:
     return out
 
 
+SETTLE_MAX_S = 90.0
+"""The longest the memory run waits for a young engine's RSS to stop growing."""
+
+
+def _settle(feed: Feed, mb: Any) -> float | None:
+    """Read until the engine's RSS has stayed within 0.5 MB for three reads 2 s apart;
+    the seconds that took (None: still growing after ``SETTLE_MAX_S``, or unknown).  A
+    fresh reference engine under closed:4 grows ~11 MB in its first ~30 s, then stays
+    flat (no captures, with or without a subscriber): counted during that growth, the
+    captures were charged with part of it, and the control after them missed it."""
+    t0 = time.monotonic()
+    seen: list[float] = []
+    while time.monotonic() - t0 < SETTLE_MAX_S:
+        v = mb()
+        if v is None:
+            return None
+        seen.append(v)
+        if len(seen) >= 4 and max(seen[-4:]) - min(seen[-4:]) <= 0.5:
+            return round(time.monotonic() - t0, 1)
+        feed.read(2.0)
+        del feed.history[:-5000]
+    return None
+
+
 def _rss_run(feed: Feed, mode: str, steps: int, count: int, warmup: int) -> dict[str, Any]:
-    """``count`` sequential captures, the engine's RSS (MB) before and after each; then
-    as long again without captures (the engine's own drift, e.g. a young engine still
-    growing its caches), read the same way."""
+    """Once the engine's RSS has settled (``_settle``), ``count`` sequential captures,
+    the engine's RSS (MB) before and after each; then as long again without captures
+    (the engine's own drift), read the same way."""
     from engine_adapters.definitions.records import CaptureDone
 
     def mb() -> float | None:
         v = feed.rss_bytes()
         return round(v / 2**20, 1) if v else None
 
+    settled_s = _settle(feed, mb)
     rss = [mb()]
     failed = []
     t_counted = time.monotonic()
@@ -293,6 +318,7 @@ def _rss_run(feed: Feed, mode: str, steps: int, count: int, warmup: int) -> dict
         "source": f"/proc/{feed.pid}" if feed.pid is not None else "probe DeviceSample.proc_rss",
         "growth_mb": growth,
         "per_capture_mb": growth / n if growth is not None and n > 0 else None,
+        "settled_s": settled_s,
         "counted_s": round(counted_s, 1),
         "control_s": round(control_s, 1),
         "control_mb": control,
@@ -445,7 +471,13 @@ def print_text(r: dict[str, Any]) -> None:
     rss = r.get("rss")
     if rss:
         print(
-            f"memory ({rss['source']}): {rss['captures']} sequential {rss['mode']} captures of {rss['steps']} "
+            f"memory ({rss['source']}): "
+            + (
+                f"RSS settled after {rss['settled_s']} s; "
+                if rss.get("settled_s") is not None
+                else "RSS still growing when the captures began; "
+            )
+            + f"{rss['captures']} sequential {rss['mode']} captures of {rss['steps']} "
             f"steps; RSS MB {rss['rss_mb']}; after {rss['warmup']} warm-up captures, the next "
             f"{rss['captures'] - rss['warmup']} grew it {f(rss['growth_mb'], '{:+.1f} MB')} "
             f"({f(rss['per_capture_mb'], '{:+.2f} MB')} per capture) in {rss['counted_s']} s; "

@@ -29,6 +29,8 @@ def test_repeated_captures_leave_the_engine_rss_flat() -> None:
     print(rss)
     assert r["ok"] and not rss["failed"], rss
     assert rss["source"].startswith("/proc/") and None not in rss["rss_mb"], rss
+    # counted once the young engine's own growth has ended (~11 MB in its first ~30 s)
+    assert rss["settled_s"] is not None, rss
     # Memory, not time: after 2 warm-up captures, the next 5 may grow RSS by at most
     # 1 MB each beyond what the engine grew by itself over as long without captures
     # (the goal: 10 captures, 10 MB).  Before the fix: ~+8 MB per capture.
