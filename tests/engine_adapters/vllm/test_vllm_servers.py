@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -109,18 +110,28 @@ def track(name, **servers):
 """
 
 
-def test_kinds_run_grouped_once_each_and_stop_after_their_last_user(tmp_path: Path) -> None:
-    (tmp_path / "conftest.py").write_text(_CONFTEST)
+def _write_suite(d: Path) -> Path:
+    """The child suite (two FAKE kinds, the tests of ``_TESTS``) in ``d``; its trace file."""
+    (d / "conftest.py").write_text(_CONFTEST)
     for name, body in _TESTS.items():
-        (tmp_path / name).write_text(_TRACK + body)
-    trace = tmp_path / "trace.jsonl"
+        (d / name).write_text(_TRACK + body)
+    return d / "trace.jsonl"
+
+
+def _server_pids(trace: Path) -> tuple[list[Any], dict[str, set[int]]]:
+    """The rows ``track`` wrote, and the pids each FAKE kind had in them."""
+    seen = [json.loads(line) for line in Path(f"{trace}.servers").read_text().splitlines()]
+    return seen, {k: {s[1][k] for s in seen if k in s[1]} for k in ("a", "b")}
+
+
+def test_kinds_run_grouped_once_each_and_stop_after_their_last_user(tmp_path: Path) -> None:
+    trace = _write_suite(tmp_path)
     p = _pytest(tmp_path, env={"TRACE": str(trace)})
     assert p.returncode == 0, p.stdout + p.stderr
     order = [json.loads(line)[0] for line in trace.read_text().splitlines()]
     # plain tests first, then by kind in registration order: a alone, a and b, b alone
     assert order == ["test_plain", "test_a1", "test_a2", "test_ab", "test_b1"], order
-    seen = [json.loads(line) for line in (tmp_path / "trace.jsonl.servers").read_text().splitlines()]
-    pids = {k: {s[1][k] for s in seen if k in s[1]} for k in ("a", "b")}
+    seen, pids = _server_pids(trace)
     assert all(len(v) == 1 for v in pids.values()), pids  # one start per kind
     assert "shared vLLM servers started: fake_a x1, fake_b x1" in p.stdout
     last = seen[-1]  # test_b1: fake_a's last user (test_ab) is done, so fake_a is stopped
@@ -130,15 +141,12 @@ def test_kinds_run_grouped_once_each_and_stop_after_their_last_user(tmp_path: Pa
 
 
 def test_in_a_parallel_run_one_worker_runs_every_kind_user_in_order(tmp_path: Path) -> None:
-    """``-n 2 --dist loadgroup`` (the README's command): the tests using a kind all run
-    on one worker, in the serial order, so each kind starts once; each worker announces
-    into its own runtime directory; the controller sums the workers' start counts."""
-    (tmp_path / "conftest.py").write_text(_CONFTEST)
-    for name, body in _TESTS.items():
-        (tmp_path / name).write_text(_TRACK + body)
+    """``-n 2 --dist loadgroup`` (the README's parallel mode): the tests using a kind all
+    run on one worker, in the serial order, so each kind starts once; each worker
+    announces into its own runtime directory; the controller sums the workers' starts."""
+    trace = _write_suite(tmp_path)
     for i in range(4):  # enough plain modules that both workers get some
         (tmp_path / f"test_plain_{i}.py").write_text(_TRACK + f"def test_p{i}():\n    track('p{i}')\n")
-    trace = tmp_path / "trace.jsonl"
     p = _pytest(tmp_path, "-n", "2", "--dist", "loadgroup", env={"TRACE": str(trace)})
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
@@ -150,7 +158,6 @@ def test_in_a_parallel_run_one_worker_runs_every_kind_user_in_order(tmp_path: Pa
         dirs.setdefault(worker, set()).add(runtime)
     assert len(dirs) == 2 and all(len(d) == 1 for d in dirs.values()), dirs
     assert len(set().union(*dirs.values())) == 2, dirs  # a directory of its own per worker
-    seen = [json.loads(line) for line in (tmp_path / "trace.jsonl.servers").read_text().splitlines()]
-    pids = {k: {s[1][k] for s in seen if k in s[1]} for k in ("a", "b")}
+    _, pids = _server_pids(trace)
     assert all(len(v) == 1 for v in pids.values()), pids  # one start per kind
     assert "shared vLLM servers started: fake_a x1, fake_b x1" in p.stdout, p.stdout

@@ -285,25 +285,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 class _Marks:
-    """A plugin of one hook, registered by ``pytest_configure`` (a second
-    ``pytest_collection_modifyitems`` of this module, to run first)."""
+    """A plugin of one hook, registered by ``pytest_configure``: a second
+    ``pytest_collection_modifyitems`` of this module, run before any other (pytest calls
+    only functions named ``pytest_*`` as hooks, so it cannot be a second function here)."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        _mark_server_users(items)
-
-
-def _mark_server_users(items: list[pytest.Item]) -> None:
-    """Mark every test using a kind ``vllm`` and ``xdist_group(XDIST_GROUP)``, and every
-    other test ``xdist_group(its module)``: a module's fixtures (an engine, a TP 2 server)
-    then start on one worker only.  Before any other hook: an xdist worker turns the
-    group into the test's id in its own ``pytest_collection_modifyitems``."""
-    for item in items:
-        if _kinds_of(item):
-            item.add_marker(pytest.mark.vllm)
-            item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
-        elif item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+        """Mark every test using a kind ``vllm`` and ``xdist_group(XDIST_GROUP)``, and
+        every other test ``xdist_group(its module)``: a module's fixtures (an engine, a
+        TP 2 server) then start on one worker only.  First: an xdist worker turns the
+        group into the test's id in its own hook of this name."""
+        for item in items:
+            if _kinds_of(item):
+                item.add_marker(pytest.mark.vllm)
+                item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
+            elif item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 @pytest.hookimpl(trylast=True)
