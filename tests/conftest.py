@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,15 @@ VLLM_TESTS = ROOT / "tests" / "engine_adapters" / "vllm"
 if str(VLLM_TESTS) not in sys.path:
     sys.path.insert(0, str(VLLM_TESTS))
 pytest_plugins = ["vllm_servers"]
+
+# A run started in the background by a non-interactive shell (``cmd &``, ``nohup``, some CI
+# harnesses) inherits SIGINT ignored, and an ignored signal stays ignored across exec: every
+# ``rltperf record`` / ``attach --jsonl`` a test stops with SIGINT, as a user's Ctrl-C does,
+# would ignore it (Python installs its KeyboardInterrupt handler only where SIGINT was not
+# ignored at start).  The test process handles SIGINT itself, so that its children start
+# with the default disposition.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass

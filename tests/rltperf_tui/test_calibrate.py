@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from engine_adapters.definitions.records import Hello, StepRecord
+from engine_adapters.definitions.records import Hello, Stats, StepRecord
 from engine_adapters.monitor.tcp import ProbeAdapter
 from rltperf_tui.live.aggregator import TargetStats
 
@@ -190,7 +190,16 @@ def test_engine_hello_carries_the_calibration_and_mbu_uses_it(
     st.add(recs)
     w = st.window(None)
     steps = [r for r in recs if isinstance(r, StepRecord)]
-    span = (steps[-1].end_ns - steps[0].start_ns) / 1e9
+    # The window is wall time (engine_adapters.definitions.figures): from the stream's first
+    # timestamp (a step's start or a heartbeat) to the newest moment the data vouches for
+    # (a step's end; a heartbeat between steps; a heartbeat inside a step, up to its start).
+    beats = [r for r in recs if isinstance(r, Stats)]
+    w0 = min([steps[0].start_ns] + [b.ts_ns for b in beats])
+    w1 = max(
+        [steps[-1].end_ns]
+        + [b.ts_ns if b.in_step_since_ns <= 0 else min(b.in_step_since_ns, b.ts_ns) for b in beats]
+    )
+    span = (w1 - w0) / 1e9
     by_hand = sum((s.bytes_read or 0) + (s.bytes_written or 0) for s in steps) / (span * c.peak_bw_gbps * 1e9)
     assert w.mbu is not None and w.mbu == pytest.approx(by_hand, rel=1e-9)
     print(f"loop engine MBU {w.mbu:.4f} against {c.peak_bw_gbps:.1f} GB/s ({c.source})")

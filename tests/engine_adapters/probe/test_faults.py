@@ -32,22 +32,40 @@ def _cpu_s(pid: int, tid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _run_delay_s(pid: int, tid: int) -> float:
+    """Seconds a thread has waited on a run queue, runnable but not running
+    (``/proc/PID/task/TID/schedstat``, second field): the time other tenants' load took."""
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+        return int(f.read().split()[1]) / 1e9
+
+
 def _rate(target: str, seconds: float, pid: int | None = None) -> Any:
-    """Engine steps per second of engine time, from a healthy subscriber; with ``pid``
-    (the reference engine, whose main thread runs the steps) also the CPU the engine's
-    other threads (the probe's) used per wall second, in cores."""
+    """Engine steps per second, counted by the steps' own end times (the probe's clock,
+    CLOCK_MONOTONIC as here) over ``seconds`` read by a healthy subscriber.
+
+    With ``pid`` (the reference engine, whose main thread runs the steps): steps per second
+    of the time the step loop was not waiting on a run queue (the wall time less its
+    ``schedstat`` run delay: other tenants' load is taken out, a step loop blocked on a lock
+    or the GIL is not), and the CPU the engine's other threads (the probe's) used per wall
+    second, in cores."""
     s = ProbeAdapter(target, reconnect=False).connect()
     try:
-        ends = []
-        c0 = (_cpu_s(pid), _cpu_s(pid, pid)) if pid else (0.0, 0.0)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < seconds:
+        ends: list[int] = []
+        c0 = (_cpu_s(pid), _cpu_s(pid, pid), _run_delay_s(pid, pid)) if pid else (0.0, 0.0, 0.0)
+        t0 = time.monotonic_ns()
+        while time.monotonic_ns() - t0 < seconds * 1e9:
             ends += [r.end_ns for r in s.read(0.1) if isinstance(r, StepRecord)]
-        wall = (len(ends) - 1) / ((ends[-1] - ends[0]) / 1e9)
+        t1 = time.monotonic_ns()
+        c1 = (_cpu_s(pid), _cpu_s(pid, pid), _run_delay_s(pid, pid)) if pid else (0.0, 0.0, 0.0)
+        drain = time.monotonic() + 0.5  # the records of the steps that ended before t1
+        while time.monotonic() < drain:
+            ends += [r.end_ns for r in s.read(0.1) if isinstance(r, StepRecord)]
+        n = sum(t0 <= e < t1 for e in ends)
+        wall = (t1 - t0) / 1e9
         if pid is None:
-            return wall
-        other = (_cpu_s(pid) - _cpu_s(pid, pid)) - (c0[0] - c0[1])
-        return wall, other / (time.monotonic() - t0)
+            return n / wall
+        other = (c1[0] - c1[1]) - (c0[0] - c0[1])
+        return n / (wall - (c1[2] - c0[2])), other / wall
     finally:
         s.close()
 
@@ -87,13 +105,14 @@ def test_stalled_subscriber_loses_oldest_and_never_slows_the_engine(loop_engine,
         if sub.poll() is None:
             os.kill(sub.pid, signal.SIGCONT)
             sub.kill()
+    print(f"steps/s of unqueued step-loop time, probe threads' CPU (cores): before {before}, during {during}")
     assert sub.returncode == 0, err
     # While a subscriber is stalled the probe does not work harder (the CPU of the engine's
-    # threads other than the step loop, within 10 % of a core: steps per process CPU-second
-    # moved by 28 % with other tenants' load alone) and the engine is never blocked (wall rate; a blocked
-    # engine would drop to ~0, loose bound: other tenants' load moves it).
+    # threads other than the step loop, within 10 % of a core) and the step loop is never
+    # blocked (its rate over the time it was not waiting for a core: a blocked loop would
+    # drop to ~0; other tenants' load is taken out, so the bound can be close).
     assert during[1] < before[1] + 0.10, (before, during)
-    assert during[0] > 0.2 * before[0], (before, during)
+    assert during[0] > 0.5 * before[0], (before, during)
     stats, _, _ = load_recording(rec)
     assert stats.dropped_sub > 0, "the stalled subscriber must see a non-zero drop count"
     assert stats.dropped > 0
@@ -324,10 +343,12 @@ def test_a_ping_flood_does_not_slow_the_engine_for_other_subscribers(loop_engine
     finally:
         stop.set()
         t.join(10)
+    print(f"steps/s of unqueued step-loop time, probe threads' CPU (cores): before {before}, during {during}")
     assert state["closed"] == 1 and state["pings"] > 0, state
     # The probe's threads spend no more than 10 % of a core more while the client floods
     # (a healthy subscriber's stream costs them 4-14 % here; a spinning probe would be ~100 %),
-    # and the wall rate the well-behaved subscriber sees holds.
+    # and the step rate the well-behaved subscriber sees holds (over the time the step loop
+    # was not waiting for a core: a loaded machine's other tenants move the wall rate 5x).
     assert during[1] < before[1] + 0.10, (before, during, state)
     assert during[0] > 0.7 * before[0], (before, during, state)
     assert "flooding" in loop_engine.log_text()
