@@ -113,6 +113,16 @@ def start_engine(
     raise RuntimeError("engine did not print its address in time")
 
 
+def run_queue_s(pid: int, tid: int | None = None) -> float:
+    """Seconds a thread (default: the process's main thread) has waited on a run queue,
+    runnable but not running (``/proc/PID/task/TID/schedstat``, second field): the time
+    other tenants' load took from it.  A thread blocked on a lock or the GIL sleeps
+    instead, so that time is not here: a rate over the wall time less this one is
+    immune to a loaded machine and still shows an engine that was stopped."""
+    with open(f"/proc/{pid}/task/{tid or pid}/schedstat") as f:
+        return int(f.read().split()[1]) / 1e9
+
+
 def run_rltperf(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``rltperf ARGS`` as a user would (a fresh process), capturing its output."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))

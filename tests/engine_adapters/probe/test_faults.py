@@ -21,7 +21,7 @@ from engine_adapters.definitions.wire import encode
 from engine_adapters.monitor.base import AdapterConnectionError
 from engine_adapters.monitor.tcp import ProbeAdapter
 from rltperf_tui.analysis.summary import load_recording
-from tests.conftest import LOOP_ENGINE, ROOT, start_engine
+from tests.conftest import LOOP_ENGINE, ROOT, run_queue_s, start_engine
 
 
 def _cpu_s(pid: int, tid: int | None = None) -> float:
@@ -32,31 +32,24 @@ def _cpu_s(pid: int, tid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _run_delay_s(pid: int, tid: int) -> float:
-    """Seconds a thread has waited on a run queue, runnable but not running
-    (``/proc/PID/task/TID/schedstat``, second field): the time other tenants' load took."""
-    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-        return int(f.read().split()[1]) / 1e9
-
-
 def _rate(target: str, seconds: float, pid: int | None = None) -> Any:
     """Engine steps per second, counted by the steps' own end times (the probe's clock,
     CLOCK_MONOTONIC as here) over ``seconds`` read by a healthy subscriber.
 
     With ``pid`` (the reference engine, whose main thread runs the steps): steps per second
     of the time the step loop was not waiting on a run queue (the wall time less its
-    ``schedstat`` run delay: other tenants' load is taken out, a step loop blocked on a lock
-    or the GIL is not), and the CPU the engine's other threads (the probe's) used per wall
+    run-queue wait, ``run_queue_s``: other tenants' load is taken out, a step loop blocked
+    on a lock or the GIL is not), and the CPU the engine's other threads (the probe's) used per wall
     second, in cores."""
     s = ProbeAdapter(target, reconnect=False).connect()
     try:
         ends: list[int] = []
-        c0 = (_cpu_s(pid), _cpu_s(pid, pid), _run_delay_s(pid, pid)) if pid else (0.0, 0.0, 0.0)
+        c0 = (_cpu_s(pid), _cpu_s(pid, pid), run_queue_s(pid)) if pid else (0.0, 0.0, 0.0)
         t0 = time.monotonic_ns()
         while time.monotonic_ns() - t0 < seconds * 1e9:
             ends += [r.end_ns for r in s.read(0.1) if isinstance(r, StepRecord)]
         t1 = time.monotonic_ns()
-        c1 = (_cpu_s(pid), _cpu_s(pid, pid), _run_delay_s(pid, pid)) if pid else (0.0, 0.0, 0.0)
+        c1 = (_cpu_s(pid), _cpu_s(pid, pid), run_queue_s(pid)) if pid else (0.0, 0.0, 0.0)
         drain = time.monotonic() + 0.5  # the records of the steps that ended before t1
         while time.monotonic() < drain:
             ends += [r.end_ns for r in s.read(0.1) if isinstance(r, StepRecord)]
