@@ -310,8 +310,10 @@ def test_unread_stats_replies_are_coalesced(caplog):
     try:
         for t in threads:
             t.start()
+        # 4 s, and at least 150 pings: a loaded machine's pinger (a sleep per ping, the GIL
+        # shared with the stepping thread) sent 87 in 4 s in a -n auto run
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 4.0:
+        while time.monotonic() - t0 < 4.0 or (state["pings"] < 150 and time.monotonic() - t0 < 60):
             worst = max([worst, *_ctrl_lengths(p)])
             time.sleep(0.01)
     finally:
@@ -319,7 +321,7 @@ def test_unread_stats_replies_are_coalesced(caplog):
         for t in threads:
             t.join(5)
         p.close()
-    assert state["pings"] > 100 and state["closed"] == 0 and state["connects"] == 1, state
+    assert state["pings"] >= 150 and state["closed"] == 0 and state["connects"] == 1, state
     assert worst <= 2, f"{worst} control frames queued for a client pinging 50 times a second"
 
 
