@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from engine_adapters.monitor import discover
 from engine_adapters.monitor.discover import (
     MAX_PORTS,
     PortRange,
@@ -30,6 +31,9 @@ SILENT = (40, 41, 42, 43, 44, 45)
 """Offsets of the ports that accept and never answer."""
 TRY_S = 1.0
 """Each identification try's timeout in the scan with silent ports."""
+BUSY_TRY_S = 3.0
+"""The identification timeout against a stopped engine: the time a just-resumed engine
+has to answer the hello, on a loaded machine."""
 
 
 def free_block(n: int) -> int:
@@ -166,16 +170,49 @@ def test_a_probe_that_wants_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [f.target for f in res.targets] == [f"tcp://{eng.address}"]
 
 
-def test_a_probe_busy_past_the_timeout_is_still_found() -> None:
+def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Return once every thread of ``pid`` is stopped: SIGSTOP takes effect as each thread
+    next runs, so on a loaded machine the probe's thread can still answer a connection for
+    a moment after ``kill`` returned (seen: a GET closed 1 ms after it, state still R)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(s in ("T", "t") for s in states):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{pid} not stopped {timeout:g} s after SIGSTOP: {states}")
+
+
+def test_a_probe_busy_past_the_timeout_is_still_found(monkeypatch: pytest.MonkeyPatch) -> None:
     """An engine that holds its probe's threads longer than the timeout (start-up, a
-    stall: here SIGSTOP for 1.3 s) leaves the HTTP try unanswered; the hello is tried next."""
+    stall: here SIGSTOP) leaves the HTTP try unanswered; the hello is tried next.
+
+    The stall starts once every thread has stopped and lasts exactly until the HTTP try
+    has given up: the engine is resumed as the hello starts, not after a fixed time (a
+    1.3 s timer raced the 1.0 s try on a loaded CI machine: the engine answered the try,
+    and the hello then timed out)."""
     eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--no-warm"])
     host, port = eng.address.rsplit(":", 1)
+    real_hello = discover.probe_hello
+    resumed: list[float] = []
+
+    def resume_then_hello(*args: object, **kw: object) -> object:
+        resumed.append(time.monotonic())
+        os.kill(eng.proc.pid, signal.SIGCONT)
+        return real_hello(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(discover, "probe_hello", resume_then_hello)
     try:
         os.kill(eng.proc.pid, signal.SIGSTOP)
-        threading.Timer(1.3, os.kill, (eng.proc.pid, signal.SIGCONT)).start()
-        found = identify(host, int(port), timeout=1.0)
+        _wait_stopped(eng.proc.pid)
+        t0 = time.monotonic()
+        found = identify(host, int(port), timeout=BUSY_TRY_S)
     finally:
         os.kill(eng.proc.pid, signal.SIGCONT)
         eng.stop()
+    # the HTTP try waited out its whole timeout on the stopped engine before the hello
+    assert resumed and resumed[0] - t0 >= BUSY_TRY_S * 0.95, (resumed, t0)
     assert found.kind == "probe" and found.target == f"tcp://{eng.address}", found
