@@ -83,9 +83,9 @@ class Tap:
         st = self.slot
         if st is not None:
             try:
-                if self.faults is not None:
-                    self.faults.check("probe_mark")
                 st.mark(name)
+                if self.faults is not None:  # after the mark: the check's stat() lets other
+                    self.faults.check("probe_mark")  # threads take the GIL, not into the step
             except Exception as exc:
                 self._disable(f"marking stage {name}", exc)
 

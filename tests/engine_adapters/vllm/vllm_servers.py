@@ -4,14 +4,17 @@ A pytest plugin (``tests/conftest.py`` loads it).  A vLLM start costs 50-100 s a
 ≈ 3 GB on a 2-core machine, so every test that needs a kind of server shares one.
 
 Kinds (fixture name: what it serves; both as ``vllm_fixtures.serve`` starts them: the
-rltperf plugin's probe at ``Server.probe``, ``--profiler-config`` into
-``Server.profiler_dir`` without stacks, ``--enable-mfu-metrics``,
+rltperf plugin's probe at ``Server.probe``, ``--enable-mfu-metrics``,
 ``--enable-logging-iteration-details``, ``--seed 0``, float32, served as ``tiny``):
 
-- ``vllm_server``: the tiny random Llama (``tiny_model``), a plain (not looped) model;
+- ``vllm_server``: the tiny random Llama (``tiny_model``), a plain (not looped) model,
+  started the way people start vLLM: no ``--profiler-config`` (rltperf captures in its
+  workers), with a fault directory ``<root>/faults`` (``vllm_fixtures.start_shared_llama``);
 - ``ouro_server``: the tiny random Ouro (``tiny_ouro``: ``total_ut_steps`` 4,
   ``--hf-overrides '{"early_exit_threshold": 0.6}'``, weights written so exits vary,
-  ``--max-logprobs`` of the whole vocabulary), its worker on the second core;
+  ``--max-logprobs`` of the whole vocabulary), its worker on the second core, with
+  ``--profiler-config`` into ``Server.profiler_dir`` without stacks: the tests of vLLM's
+  own profiler path use it;
 - ``vllm_server_to_stop``: the ``vllm_server`` handed to a test that stops it (the
   announcement goes with the server).  Such tests run after every other user of it.
 
@@ -83,7 +86,7 @@ from typing import Any
 
 import pytest
 import tiny_ouro
-from vllm_fixtures import Server, plugin_missing_reason, start_server, vllm_missing_reason
+from vllm_fixtures import Server, plugin_missing_reason, start_shared_llama, vllm_missing_reason
 
 XDIST_GROUP = "vllm-servers"
 """The pytest-xdist group of every test that uses a kind: one worker runs them all."""
@@ -114,7 +117,7 @@ def _start_llama(root: Path) -> Server:
     reuse = os.environ.get("RLTPERF_TEST_VLLM_SERVER")
     if reuse:  # developers: a server left running by `python vllm_fixtures.py DIR` (not stopped here)
         return Server.from_file(Path(reuse))
-    return start_server(root)
+    return start_shared_llama(root)
 
 
 def _start_ouro(root: Path) -> Server:
