@@ -357,7 +357,12 @@ class Collector:
 
 if __name__ == "__main__":
     # Developers: keep a test server running and point the tests at it with
-    # RLTPERF_TEST_VLLM_SERVER=DIR/server.json (Ctrl-C stops it).
+    # RLTPERF_TEST_VLLM_SERVER=DIR/server.json (Ctrl-C or SIGTERM stops it).  SIGTERM
+    # ends it as Ctrl-C does, and so does SIGINT when it started ignored (a background job
+    # of a non-interactive shell): otherwise the script died at once, its API server
+    # went with it (PR_SET_PDEATHSIG) and the engine core and worker were left running.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     d = Path(sys.argv[1]).resolve()
     d.mkdir(parents=True, exist_ok=True)
     srv = start_shared_llama(d)
