@@ -84,8 +84,10 @@ class Tap:
         if st is not None:
             try:
                 st.mark(name)
-                if self.faults is not None:  # after the mark: the check's stat() lets other
-                    self.faults.check("probe_mark")  # threads take the GIL, not into the step
+                # checked after the mark: the check's stat() lets other threads take the
+                # GIL, and that time belongs to the stage, not to the gap before it
+                if self.faults is not None:
+                    self.faults.check("probe_mark")
             except Exception as exc:
                 self._disable(f"marking stage {name}", exc)
 

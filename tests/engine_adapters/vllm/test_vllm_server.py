@@ -2,9 +2,9 @@
 
 The shared ``vllm_server`` (``vllm_servers.py``: one start for the session, the rltperf
 plugin enabled, no ``--profiler-config``); the two tests of vLLM's own profiler path use
-the shared ``ouro_server``, which has one.  The HTTP adapter's figures are checked against what this test's own
-client measured, a capture against the trace vLLM wrote, and the plugin's step records
-against vLLM's own step counter.  Skipped, with the reason, where vllm is not installed.
+the shared ``ouro_server``, which has one.  The HTTP adapter's figures are checked
+against what this test's own client measured, a capture against the trace vLLM wrote,
+and the plugin's step records against vLLM's own step counter.  Skipped, with the reason, where vllm is not installed.
 """
 
 from __future__ import annotations

@@ -2,13 +2,14 @@
 people start vLLM: no ``--profiler-config`` (issue 23).
 
 The shared ``vllm_server`` (the tiny random Llama without ``--profiler-config``, with a
-fault directory: ``vllm_fixtures.start_shared_llama``).  While clients send completions, ``rltperf record`` records the plugin's
-stream and ``rltperf capture tcp://<plugin probe>`` takes a 4-step ops capture, a 4-step
-full capture and, right after it, ``rltperf capture vllm+http://<server>`` another ops
-capture (the plugin's path too: the server has no profiler of its own); then, with the load stopped, a
-capture of the idle server.  The tests read the bundles, ``rltperf report`` and the
-recording (the step records around each capture, against the limit ``rltperf bench
-capture`` holds steps to: 3 x the median unprofiled step + 20 ms).
+fault directory: ``vllm_fixtures.start_shared_llama``).  While clients send completions,
+``rltperf record`` records the plugin's stream and
+``rltperf capture tcp://<plugin probe>`` takes a 4-step ops capture, a 4-step full
+capture and, right after it, ``rltperf capture vllm+http://<server>`` another ops capture
+(the plugin's path too: the server has no profiler of its own); then, with the load
+stopped, a capture of the idle server.  The tests read the bundles, ``rltperf report`` and the recording (the step
+records around each capture, against the limit ``rltperf bench capture`` holds steps to:
+3 x the median unprofiled step + 20 ms).
 """
 
 from __future__ import annotations
