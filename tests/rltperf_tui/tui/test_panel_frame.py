@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from textual._compositor import CompositorUpdate
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
@@ -65,3 +66,50 @@ async def test_framed_rows_equal_textuals_own_on_the_step_and_server_views(
             await pilot.pause()
             await pilot.pause()
             assert _check_every_panel(app) >= 5
+
+
+@sync
+async def test_a_changed_row_reaches_the_terminal_without_being_copied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A panel marks each changed row dirty across its whole width, padding included.
+
+    The compositor writes a row that lies wholly inside the dirty span as it is, but
+    copies a wider one into a new strip cut to the span (``Strip.crop``) and renders the
+    copy afresh: with the content's width alone, every changed row of every tick was
+    copied (18 a tick at 1,000 steps/s)."""
+    crops: list[tuple[int, int]] = []
+    crop = Strip.crop
+
+    def counted(self: Strip, start: int, end: int | None = None) -> Strip:
+        if end is None or end > start:  # (Textual also cuts an empty strip for a chop
+            crops.append((start, -1 if end is None else end))  # that starts where the span ends)
+        return crop(self, start, end)
+
+    written: list[int] = []
+
+    def display(app: MonitorApp, screen: object, renderable: object) -> None:
+        # a headless app writes nothing: make the terminal sequence as a terminal's would
+        if isinstance(renderable, CompositorUpdate):
+            written.append(len(renderable.render_segments(app.console)))
+
+    monkeypatch.setattr(MonitorApp, "_display", display)
+    for spec in (replay_spec(), vllm_spec("a")):
+        app = MonitorApp([spec])
+        async with app.run_test(size=(140, 44)) as pilot:
+            await replay_finished(pilot)
+            await drawn_at_final_size(pilot)
+            await pilot.pause()
+            panels = [p for p in app.query(Panel) if p.display and p.ctx is not None and p.outer_size.area]
+            assert len(panels) >= 3
+            monkeypatch.setattr(Strip, "crop", counted)
+            for panel in panels:  # new data: rows change in every panel shown
+                assert panel.ctx is not None
+                panel.show(replace(panel.ctx, window_s=panel.ctx.window_s * 3, note="changed"))
+            changed = sum(len(p._repaint_regions) for p in panels)
+            written.clear()
+            await pilot.pause()
+            await pilot.pause()
+            monkeypatch.setattr(Strip, "crop", crop)
+            assert changed > 0 and sum(written) > 0
+            assert crops == [], f"{len(crops)} rows copied to fit the dirty span, of {changed} changed"
