@@ -43,7 +43,7 @@ Sample = tuple[str, dict[str, str], float, "int | None"]
 values and is shared between samples of the same label text: do not mutate it."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Family:
     """A ``# TYPE``d family and its samples, in page order."""
 
@@ -69,7 +69,13 @@ sets scrape after scrape (~500 on a vLLM page, most of them histogram buckets), 
 parsing them was about half of a scrape's parse (``rltperf bench ingest``'s stored page).
 A label text parses to the same labels on any page, so one page's results serve the next."""
 _LABELS_KEPT = 20_000
-"""More label texts than this (a server whose labels keep changing) start the cache afresh."""
+"""More label texts than this (a server whose labels keep changing) start the cache afresh
+(and the same for the family names below)."""
+_NAMES_SEEN: set[str] = set()
+"""Family names of ``# TYPE``/``# HELP`` lines found valid, as the label texts above: a page
+names the same ~70 families scrape after scrape."""
+_ALLOWED_SEEN: dict[tuple[str, str], tuple[str, ...]] = {}
+"""(family name, type) -> its sample names (``_allowed``)."""
 
 
 def read_families(text: str, prefix: str = "vllm:") -> list[Family]:
@@ -154,7 +160,7 @@ def _directive(
     """A ``# TYPE`` or ``# HELP`` line of a kept family, split in (up to) four words."""
     word, name = parts[1], parts[2]
     if cur is None or cur.name != name:
-        if not _NAME.fullmatch(name):
+        if name not in _NAMES_SEEN and not _valid_name(name):
             raise ScrapeError(f"line {lineno}: invalid metric name {name!r} in # {word}")
         if word == "HELP":
             cur = Family(name, "untyped")
@@ -177,13 +183,31 @@ def _directive(
     return cur, _allowed(name, typ)
 
 
+def _valid_name(name: str) -> bool:
+    """Whether ``name`` is a metric name (remembered in ``_NAMES_SEEN`` when it is)."""
+    if not _NAME.fullmatch(name):
+        return False
+    if len(_NAMES_SEEN) > _LABELS_KEPT:
+        _NAMES_SEEN.clear()
+    _NAMES_SEEN.add(name)
+    return True
+
+
 def _allowed(name: str, typ: str) -> tuple[str, ...]:
     """The sample names of a family ``name`` of type ``typ``."""
+    allowed = _ALLOWED_SEEN.get((name, typ))
+    if allowed is not None:
+        return allowed
     if typ == "histogram":
-        return (name + "_bucket", name + "_count", name + "_sum")
-    if typ == "summary":
-        return (name, name + "_count", name + "_sum")
-    return (name,)
+        allowed = (name + "_bucket", name + "_count", name + "_sum")
+    elif typ == "summary":
+        allowed = (name, name + "_count", name + "_sum")
+    else:
+        allowed = (name,)
+    if len(_ALLOWED_SEEN) > _LABELS_KEPT:
+        _ALLOWED_SEEN.clear()
+    _ALLOWED_SEEN[(name, typ)] = allowed
+    return allowed
 
 
 def _labels(text: str, lineno: int) -> dict[str, str]:
