@@ -114,8 +114,17 @@ def bar(frac: float | None, width: int) -> str:
     return s + " " * (width - len(s))
 
 
+SHORT_SPARK = 64
+"""Up to this many values a list is drawn in Python: numpy's per-call overhead made a
+30-value line cost 44 us, ~0.35 ms of each server-trends repaint (nine lines)."""
+
+
 def spark(values: Sequence[float] | np.ndarray, top: float | None = None) -> str:
-    """One-row sparkline of ``values`` (NaN = blank) scaled to ``top`` (default max)."""
+    """One-row sparkline of ``values`` (NaN or infinite = blank) scaled to ``top`` (default
+    the largest finite value): a value ``v`` is level ``ceil(v / top * 8)`` kept within 1..8,
+    every value level 1 when ``top <= 0``."""
+    if not isinstance(values, np.ndarray) and len(values) <= SHORT_SPARK:
+        return _spark_short(values, top)
     v = np.asarray(values, dtype=np.float64)
     finite = np.isfinite(v)
     if top is None:
@@ -123,11 +132,29 @@ def spark(values: Sequence[float] | np.ndarray, top: float | None = None) -> str
     if top <= 0:
         level = np.ones(v.shape, dtype=np.int64)
     else:
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):  # past the largest float: level 8
             level = np.clip(np.ceil(np.where(finite, v, 0.0) / top * 8), 1, 8).astype(np.int64)
     level[~finite] = 0
     levels = cast(list[int], level.tolist())
     return "".join([BLOCKS[i] for i in levels])
+
+
+def _spark_short(values: Sequence[float], top: float | None) -> str:
+    """``spark`` of a short sequence, in plain Python (the same levels)."""
+    isfinite, ceil = math.isfinite, math.ceil
+    vals = [float(x) for x in values]
+    if top is None:
+        top = max((x for x in vals if isfinite(x)), default=0.0)
+    out = []
+    for x in vals:
+        if not isfinite(x):
+            out.append(BLOCKS[0])
+        elif top <= 0:
+            out.append(BLOCKS[1])
+        else:
+            r = x / top * 8  # +-inf past the largest float (a tiny top): clipped as numpy's
+            out.append(BLOCKS[8 if r >= 8 else 1 if r <= 1 else ceil(r)])
+    return "".join(out)
 
 
 Row = tuple[tuple[str, str], ...]
