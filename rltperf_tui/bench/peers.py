@@ -63,6 +63,10 @@ class Monitor:
     env: dict[str, str]
     cpu: list[float]
     rss_mb: list[float]
+    cwd: str | None = None
+    """The directory it starts in.  For rltperf, the root of the checkout it runs:
+    ``python -m`` puts its start directory first on ``sys.path``, ahead of ``PYTHONPATH``,
+    so a baseline started from this checkout's directory ran this checkout's code."""
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -108,11 +112,18 @@ def _tmux(*args: str) -> str:
     return p.stdout
 
 
-def _start(session: str, m: Monitor, cols: int, rows: int) -> int:
-    """Run ``m`` in a new detached tmux session; the pane's process is the monitor (exec)."""
+def tmux_args(session: str, m: Monitor, cols: int, rows: int) -> list[str]:
+    """The ``tmux`` arguments that start ``m`` in a new detached session of ``cols`` x
+    ``rows``, in ``m.cwd``; the pane's process is the monitor (exec)."""
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in m.env.items())
     cmd = f"exec env {env} {shlex.join(m.argv)}"
-    _tmux("new-session", "-d", "-s", session, "-x", str(cols), "-y", str(rows), cmd)
+    where = ["-c", m.cwd] if m.cwd else []
+    return ["new-session", "-d", "-s", session, *where, "-x", str(cols), "-y", str(rows), cmd]
+
+
+def _start(session: str, m: Monitor, cols: int, rows: int) -> int:
+    """Run ``m`` in a new detached tmux session (``tmux_args``); returns the monitor's pid."""
+    _tmux(*tmux_args(session, m, cols, rows))
     return int(_tmux("list-panes", "-t", session, "-F", "#{pane_pid}").split()[0])
 
 
@@ -130,10 +141,15 @@ def monitors(args: argparse.Namespace) -> tuple[list[Monitor], str | None]:
 
     # the checkout comes from PYTHONPATH: the same interpreter runs this one and a baseline
     rltperf = [sys.executable, "-m", "rltperf_tui.cli", "attach", target]
-    out = [Monitor("rltperf", rltperf, dict(base_env, PYTHONPATH=str(SOURCE_ROOT)), [], [])]
+    here = str(SOURCE_ROOT)
+    out = [Monitor("rltperf", rltperf, dict(base_env, PYTHONPATH=here), [], [], cwd=here)]
     if args.baseline_root:
-        root = Path(args.baseline_root).resolve()
-        out.append(Monitor(f"rltperf ({root.name})", rltperf, dict(base_env, PYTHONPATH=str(root)), [], []))
+        root = str(Path(args.baseline_root).resolve())
+        out.append(
+            Monitor(
+                f"rltperf ({Path(root).name})", rltperf, dict(base_env, PYTHONPATH=root), [], [], cwd=root
+            )
+        )
     htop = args.htop or shutil.which("vllm-htop")
     missing = None
     if htop is None or not os.access(htop, os.X_OK):
