@@ -70,25 +70,49 @@ def quantile(
     return bounds[-1], True
 
 
-def percentiles(
-    pooled: Pooled | None, qs: Iterable[float] = (50, 95, 99), scale: float = 1.0
-) -> dict[str, float | None]:
-    """``{"p50": v, ...}`` estimates (times ``scale``, e.g. 1000 for ms); None when empty.
+@dataclass(frozen=True)
+class Estimates:
+    """Percentile estimates of one pooled histogram, from one interpolation per percentile."""
 
-    A value capped at the largest finite bound is still given (a lower limit); use
-    ``capped_percentiles`` to know which.
-    """
-    out: dict[str, float | None] = {}
+    values: dict[str, float | None]
+    """``{"p50": v, ...}`` (times the scale asked for); None when empty.  A value beyond
+    the mean's bound is lowered to it (``markov_bound``); one capped at the largest finite
+    bound is still given (a lower limit)."""
+    capped: list[str]
+    """Names of the percentiles whose rank lies in the ``+Inf`` bucket (lower limits)."""
+    bounded: list[str]
+    """Names of the percentiles lowered to the mean's bound (upper limits)."""
+
+
+def estimates(pooled: Pooled | None, qs: Iterable[float] = (50, 95, 99), scale: float = 1.0) -> Estimates:
+    """The ``qs`` percentiles of ``pooled`` and which of them are capped or bounded (every
+    figure below is this one's: a render tick asks for all three)."""
+    values: dict[str, float | None] = {}
+    capped: list[str] = []
+    bounded: list[str] = []
     for q in qs:
+        name = f"p{q:g}"
         if pooled is None:
-            out[f"p{q:g}"] = None
+            values[name] = None
             continue
-        v, _ = quantile(pooled.bounds, pooled.counts, pooled.count, q / 100.0)
+        v, cap = quantile(pooled.bounds, pooled.counts, pooled.count, q / 100.0)
+        if cap:
+            capped.append(name)
         bound = markov_bound(pooled, q)
         if v is not None and bound is not None and v > bound:
             v = bound
-        out[f"p{q:g}"] = None if v is None else v * scale
-    return out
+            bounded.append(name)
+        values[name] = None if v is None else v * scale
+    return Estimates(values, capped, bounded)
+
+
+def percentiles(
+    pooled: Pooled | None, qs: Iterable[float] = (50, 95, 99), scale: float = 1.0
+) -> dict[str, float | None]:
+    """``{"p50": v, ...}`` estimates (times ``scale``, e.g. 1000 for ms); None when empty
+    (``estimates``).  A value capped at the largest finite bound is still given (a lower
+    limit); use ``capped_percentiles`` to know which."""
+    return estimates(pooled, qs, scale).values
 
 
 def markov_bound(pooled: Pooled | None, q: float) -> float | None:
@@ -103,19 +127,9 @@ def markov_bound(pooled: Pooled | None, q: float) -> float | None:
 
 def bounded_percentiles(pooled: Pooled | None, qs: Iterable[float] = (50, 95, 99)) -> list[str]:
     """Names of the percentiles lowered to the mean's bound (upper limits only)."""
-    if pooled is None:
-        return []
-    out = []
-    for q in qs:
-        v, _ = quantile(pooled.bounds, pooled.counts, pooled.count, q / 100.0)
-        b = markov_bound(pooled, q)
-        if v is not None and b is not None and v > b:
-            out.append(f"p{q:g}")
-    return out
+    return estimates(pooled, qs).bounded
 
 
 def capped_percentiles(pooled: Pooled | None, qs: Iterable[float] = (50, 95, 99)) -> list[str]:
     """Names of the percentiles whose rank lies in the ``+Inf`` bucket (lower limits only)."""
-    if pooled is None:
-        return []
-    return [f"p{q:g}" for q in qs if quantile(pooled.bounds, pooled.counts, pooled.count, q / 100.0)[1]]
+    return estimates(pooled, qs).capped

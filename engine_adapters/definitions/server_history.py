@@ -32,7 +32,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine_adapters.definitions.histograms import Pooled, bounded_percentiles, percentiles, pool
+from engine_adapters.definitions.histograms import Pooled, estimates, pool
 from engine_adapters.definitions.records import HistogramDelta, MetricsSample
 from engine_adapters.definitions.server_window import recent_scrapes
 
@@ -175,7 +175,8 @@ def _column_value(key: str, col: list[MetricsSample]) -> tuple[float | None, boo
     pooled = pool(m.hist[name] for m in col if name in m.hist)
     if pooled is None or pooled.count <= 0:
         return None, False
-    return percentiles(pooled, (95,), scale=1e3)["p95"], bool(bounded_percentiles(pooled, (95,)))
+    est = estimates(pooled, (95,), scale=1e3)
+    return est.values["p95"], bool(est.bounded)
 
 
 @dataclass
@@ -275,7 +276,8 @@ class ServerLifetime:
         p = self.pooled.get(name)
         if p is None or p.count <= 0:
             return None, False
-        return percentiles(p, (q,), scale=1e3)[f"p{q:g}"], bool(bounded_percentiles(p, (q,)))
+        est = estimates(p, (q,), scale=1e3)
+        return est.values[f"p{q:g}"], bool(est.bounded)
 
     def mean_ms(self, name: str) -> float | None:
         """Exact mean since attach (ms), from the histograms' sums."""

@@ -14,13 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine_adapters.definitions.histograms import (
-    PERCENTILE_METHOD,
-    bounded_percentiles,
-    capped_percentiles,
-    percentiles,
-    pool,
-)
+from engine_adapters.definitions.histograms import PERCENTILE_METHOD, estimates, pool
 from engine_adapters.definitions.records import Ceiling, MetricsSample
 
 METRIC_LATENCIES = ("ttft", "itl", "tpot", "e2e", "queue", "prefill", "decode")
@@ -93,16 +87,15 @@ def metrics_window(
     bounded: dict[str, list[str]] = {}
     for name in METRIC_LATENCIES:
         pooled = pool(m.hist[name] for m in win if name in m.hist)
-        lat[name] = percentiles(pooled, scale=1e3)
+        pct = estimates(pooled, scale=1e3)
+        lat[name] = pct.values
         mean = pooled.mean if pooled is not None else None
         lat_mean[name] = mean * 1e3 if mean is not None else None
         lat_n[name] = int(pooled.count) if pooled is not None else 0
-        cap = capped_percentiles(pooled)
-        if cap:
-            capped[name] = cap
-        low = bounded_percentiles(pooled)
-        if low:
-            bounded[name] = low
+        if pct.capped:
+            capped[name] = pct.capped
+        if pct.bounded:
+            bounded[name] = pct.bounded
     est = [m for m in win if m.read_bytes is not None]
     gbps = gflops = mbu = None
     if est and span > 0:
@@ -234,8 +227,9 @@ def replica_totals(
     low: list[str] = []
     for name in REPLICA_LATENCIES:
         pooled = pool(m.hist[name] for win in recent for m in win if name in m.hist)
-        lat[name] = percentiles(pooled, (95,), scale=1e3)["p95"]
-        if bounded_percentiles(pooled, (95,)):
+        pct = estimates(pooled, (95,), scale=1e3)
+        lat[name] = pct.values["p95"]
+        if pct.bounded:
             low.append(name)
     tps: list[float | None] = [w.tokens_per_s if w is not None else None for w in windows]
     ratios = {"running": imbalance(mean_running), "tokens_per_s": imbalance(tps)}
