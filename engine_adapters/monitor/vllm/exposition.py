@@ -30,6 +30,7 @@ milliseconds) is kept on the sample and otherwise unused.
 from __future__ import annotations
 
 import re
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 
@@ -78,11 +79,19 @@ _ALLOWED_SEEN: dict[tuple[str, str], tuple[str, ...]] = {}
 """(family name, type) -> its sample names (``_allowed``)."""
 
 
-def read_families(text: str, prefix: str = "vllm:") -> list[Family]:
-    """The families of ``text`` whose name starts with ``prefix`` (see the module docstring)."""
+def read_families(text: str, prefix: str = "vllm:", skip_histograms: Container[str] = ()) -> list[Family]:
+    """The families of ``text`` whose name starts with ``prefix`` (see the module docstring).
+
+    A family named in ``skip_histograms`` is passed over like another prefix's once its
+    ``# TYPE`` says histogram: its sample lines (those that start with its name, until the
+    next ``# TYPE``/``# HELP`` of another name or another family's sample) are skipped
+    unparsed, and a later ``# TYPE`` or ``# HELP`` of its name keeps it skipped.  A vLLM
+    page's histograms are most of its lines, and half of them are figures ``parse_scrape``
+    never reads."""
     out: list[Family] = []
     cur: Family | None = None  # the open family, when it is a kept one
     allowed: tuple[str, ...] = ()  # sample names that belong to ``cur``
+    skip: str | None = None  # the open family, when it is a histogram to skip
     labels_seen = _LABELS_SEEN  # label text -> parsed labels, kept from page to page
     if len(labels_seen) > _LABELS_KEPT:
         labels_seen.clear()
@@ -97,15 +106,24 @@ def read_families(text: str, prefix: str = "vllm:") -> list[Family]:
                 if line[0] == "#":
                     parts = line.split(None, 3)
                     if len(parts) > 2 and parts[0] == "#" and parts[1] in ("TYPE", "HELP"):
+                        if parts[2] == skip:
+                            continue
+                        skip = None
                         if parts[2].startswith(prefix):
                             cur, allowed = _directive(out, cur, parts, lineno)
+                            if cur is not None and cur.type == "histogram" and cur.name in skip_histograms:
+                                if out and out[-1] is cur:  # the open family is the newest
+                                    out.pop()
+                                skip, cur, allowed = cur.name, None, ()
                         else:
                             cur, allowed = None, ()  # another family opens
                 elif line[0] in _NAME_START:
-                    cur, allowed = None, ()  # another family's sample closes the open one
+                    cur, allowed, skip = None, (), None  # another family's sample closes the open one
                 else:
                     raise ScrapeError(f"line {lineno}: not a metric line: {line[:200]!r}")
                 continue
+        if skip is not None and line.startswith(skip):
+            continue  # a sample of a histogram skipped
         # a sample line of a kept name: parse all of it, whether or not it is kept
         b = line.find("{")
         if b >= 0:  # name{labels} value [timestamp]

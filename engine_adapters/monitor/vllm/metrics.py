@@ -46,6 +46,15 @@ LATENCY_HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "decode": ("vllm:request_decode_time_seconds",),
 }
 """Latency histograms the sample carries (seconds)."""
+HISTOGRAMS_SKIPPED = frozenset({
+    "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_max_num_generation_tokens",
+    "vllm:request_params_n", "vllm:request_params_max_tokens", "vllm:request_inference_time_seconds",
+    "vllm:request_num_preemptions", "vllm:request_prefill_kv_computed_tokens",
+})  # fmt: skip
+"""vLLM 0.32's histograms that nothing here reads (request sizes and params, inference
+time, preemptions and KV computed per request): ``parse_scrape`` skips their lines unparsed
+(``read_families``), half of a page's bucket lines.  Named one by one, so a histogram a
+later vLLM adds is read, not lost."""
 
 MFU_CAVEAT = (
     "vLLM's byte/FLOP estimator counts num_hidden_layers once: a looped model's traffic is "
@@ -176,7 +185,7 @@ def parse_scrape(text: str, ts_ns: int, engine: str | None = None) -> Scrape:
     with ``engine``, only the series labelled ``engine=<engine>`` and unlabelled ones)."""
     out = Scrape(ts_ns=ts_ns)
     kv_n = 0
-    families = read_families(text, "vllm:")  # raises ScrapeError on a malformed line
+    families = read_families(text, "vllm:", HISTOGRAMS_SKIPPED)  # ScrapeError on a malformed line
     for fam in families:
         if not fam.name.startswith("vllm:"):
             continue

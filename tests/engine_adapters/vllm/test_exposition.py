@@ -22,7 +22,10 @@ from hypothesis import strategies as st
 
 from engine_adapters.monitor.vllm.exposition import read_families
 from engine_adapters.monitor.vllm.metrics import (
+    HISTOGRAMS_SKIPPED,
+    ITERATION_TOKENS,
     KV_USAGE,
+    LATENCY_HISTOGRAMS,
     REQUEST_SUCCESS,
     Histogram,
     Scrape,
@@ -71,7 +74,7 @@ def _oracle_scrape(text: str, ts_ns: int) -> Scrape:
                 if s.name in KV_USAGE:
                     kv_n += 1
                 out.gauges[s.name] = out.gauges.get(s.name, 0.0) + s.value
-        elif fam.type == "histogram":
+        elif fam.type == "histogram" and fam.name not in HISTOGRAMS_SKIPPED:  # named as unread
             _oracle_histogram(out, fam)
     for name in KV_USAGE:
         if name in out.gauges and kv_n > 1:
@@ -151,7 +154,7 @@ def test_real_vllm_pages_give_the_oracles_scrape(name: str) -> None:
     assert ours.gauges == oracle.gauges and len(ours.gauges) >= 20
     assert ours.info == oracle.info and ours.info["vllm:cache_config_info"]
     assert ours.engines == oracle.engines == {"0"}
-    assert ours.hists.keys() == oracle.hists.keys() and len(ours.hists) == 16
+    assert ours.hists.keys() == oracle.hists.keys() and len(ours.hists) == 16 - len(HISTOGRAMS_SKIPPED)
     for fam, h in oracle.hists.items():
         mine = ours.hists[fam]
         assert (mine.bounds, mine.counts, mine.count, mine.sum) == (h.bounds, h.counts, h.count, h.sum), fam
@@ -164,6 +167,37 @@ def test_only_vllm_families_are_read() -> None:
     assert {f.type for f in fams} == {"counter", "gauge", "histogram"}
     ttft = next(f for f in fams if f.name == "vllm:time_to_first_token_seconds")
     assert {s[0] for s in ttft.samples} == {ttft.name + x for x in ("_bucket", "_count", "_sum")}
+
+
+def test_skipped_histograms_are_vllms_own_and_nothing_reads_them() -> None:
+    """``parse_scrape`` passes over the histograms it never reads: each name is one of a real
+    vLLM 0.32 page's histograms, none is one the sample carries, and the other families
+    come out exactly as without skipping."""
+    text = (DATA / REAL[0]).read_text()
+    whole = read_families(text, "vllm:")
+    kept = read_families(text, "vllm:", HISTOGRAMS_SKIPPED)
+    hists = {f.name for f in whole if f.type == "histogram"}
+    assert hists >= HISTOGRAMS_SKIPPED and len(hists - HISTOGRAMS_SKIPPED) == 8
+    read = {ITERATION_TOKENS, *(n for names in LATENCY_HISTOGRAMS.values() for n in names)}
+    assert not read & HISTOGRAMS_SKIPPED and read <= hists
+    assert [(f.name, f.type, f.samples) for f in kept] == [
+        (f.name, f.type, f.samples) for f in whole if f.name not in HISTOGRAMS_SKIPPED
+    ]
+    lines = text.count("\n")
+    skipped = sum(len(f.samples) for f in whole if f.name in HISTOGRAMS_SKIPPED)
+    assert skipped > lines / 8  # what is saved: 102 of the 604 lines of this page
+    # a skipped family's lines are not parsed: a damaged one passes, one of a read family raises
+    bad = text.replace("vllm:request_params_n_bucket{", "vllm:request_params_n_bucket{le=1,", 1)
+    assert bad != text and read_families(bad, "vllm:", HISTOGRAMS_SKIPPED)
+    with pytest.raises(ScrapeError):
+        read_families(bad, "vllm:")
+    with pytest.raises(ScrapeError):
+        parse_scrape(
+            text.replace(
+                "vllm:e2e_request_latency_seconds_bucket{", "vllm:e2e_request_latency_seconds_bucket{le=1,", 1
+            ),
+            1,
+        )
 
 
 # ---- (2) generated pages ------------------------------------------------------------------
