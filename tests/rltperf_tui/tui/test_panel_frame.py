@@ -6,15 +6,18 @@ colour.  Textual's own path is called on the same panel as the independent truth
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
 from textual._compositor import CompositorUpdate
 from textual.geometry import Region
+from textual.pilot import Pilot
 from textual.strip import Strip
 from textual.widget import Widget
 
-from rltperf_tui.tui.app import MonitorApp
+from rltperf_tui.tui.app import MonitorApp, TargetSpec
 from rltperf_tui.tui.widgets.panel import Panel
 from tests.rltperf_tui.tui._uihelpers import drawn_at_final_size, replay_finished, replay_spec, sync
 from tests.rltperf_tui.tui.test_server_view import vllm_spec
@@ -41,6 +44,17 @@ def _check_every_panel(app: MonitorApp) -> int:
     return checked
 
 
+@contextlib.asynccontextmanager
+async def _drawn(spec: TargetSpec) -> AsyncIterator[tuple[MonitorApp, Pilot[int]]]:
+    """The monitor on ``spec`` (a 140x44 headless screen), its data in and drawn."""
+    app = MonitorApp([spec])
+    async with app.run_test(size=(140, 44)) as pilot:
+        await replay_finished(pilot)
+        await drawn_at_final_size(pilot)
+        await pilot.pause()
+        yield app, pilot
+
+
 @pytest.mark.parametrize("no_color", [False, True])
 @sync
 async def test_framed_rows_equal_textuals_own_on_the_step_and_server_views(
@@ -49,11 +63,7 @@ async def test_framed_rows_equal_textuals_own_on_the_step_and_server_views(
     if no_color:
         monkeypatch.setenv("NO_COLOR", "1")
     for spec in (replay_spec(), vllm_spec("a")):
-        app = MonitorApp([spec])
-        async with app.run_test(size=(140, 44)) as pilot:
-            await replay_finished(pilot)
-            await drawn_at_final_size(pilot)
-            await pilot.pause()
+        async with _drawn(spec) as (app, pilot):
             assert _check_every_panel(app) >= 5
             # new data: every panel shows another context; no row may come from the old one
             for panel in app.query(Panel):
@@ -95,11 +105,7 @@ async def test_a_changed_row_reaches_the_terminal_without_being_copied(
 
     monkeypatch.setattr(MonitorApp, "_display", display)
     for spec in (replay_spec(), vllm_spec("a")):
-        app = MonitorApp([spec])
-        async with app.run_test(size=(140, 44)) as pilot:
-            await replay_finished(pilot)
-            await drawn_at_final_size(pilot)
-            await pilot.pause()
+        async with _drawn(spec) as (app, pilot):
             panels = [p for p in app.query(Panel) if p.display and p.ctx is not None and p.outer_size.area]
             assert len(panels) >= 3
             monkeypatch.setattr(Strip, "crop", counted)
