@@ -144,12 +144,9 @@ def monitors(args: argparse.Namespace) -> tuple[list[Monitor], str | None]:
     here = str(SOURCE_ROOT)
     out = [Monitor("rltperf", rltperf, dict(base_env, PYTHONPATH=here), [], [], cwd=here)]
     if args.baseline_root:
-        root = str(Path(args.baseline_root).resolve())
-        out.append(
-            Monitor(
-                f"rltperf ({Path(root).name})", rltperf, dict(base_env, PYTHONPATH=root), [], [], cwd=root
-            )
-        )
+        root = Path(args.baseline_root).resolve()
+        env = dict(base_env, PYTHONPATH=str(root))
+        out.append(Monitor(f"rltperf ({root.name})", rltperf, env, [], [], cwd=str(root)))
     htop = args.htop or shutil.which("vllm-htop")
     missing = None
     if htop is None or not os.access(htop, os.X_OK):
