@@ -38,7 +38,7 @@ from engine_adapters.definitions.records import (
     StepRecord,
 )
 from engine_adapters.monitor.tcp import ProbeAdapter
-from engine_adapters.monitor.vllm.adapter import VllmAdapter
+from engine_adapters.monitor.vllm.adapter import VllmAdapter, VllmSession
 from engine_adapters.monitor.vllm.trace_files import STEP_ANNOTATION
 from rltperf_tui.live.aggregator import TargetStats
 from tests.conftest import run_queue_s
@@ -66,6 +66,11 @@ def test_adapter_rates_and_ttft_agree_with_the_client(vllm_server: Server, tmp_p
     assert not load.errors, load.errors[:3]
     samples = col.of(MetricsSample)
     assert len(samples) >= 6
+    # every scrape of the poll thread on one keep-alive connection (a timed-out scrape,
+    # counted in poll_errors, closes it: its late answer must not be read as the next one)
+    assert isinstance(session, VllmSession)
+    polls, conns = session.polls, session._scrapes.connections
+    assert polls >= 6 and conns <= 1 + session.poll_errors, (polls, conns, session.poll_errors)
     # counters: every token and request the client saw, no more (nothing else runs meanwhile)
     client_tokens = sum(r.tokens for r in load.results)
     assert client_tokens == 32 * len(load.results)
