@@ -119,3 +119,26 @@ async def test_a_changed_row_reaches_the_terminal_without_being_copied(
             monkeypatch.setattr(Strip, "crop", crop)
             assert changed > 0 and sum(written) > 0
             assert crops == [], f"{len(crops)} rows copied to fit the dirty span, of {changed} changed"
+
+
+@sync
+async def test_a_new_title_repaints_the_top_row_alone() -> None:
+    """A panel whose title changed (the server view's "Since attach · 12s · 24 scrapes"
+    at every scrape) marks its top border row dirty, not the whole panel as Textual's
+    title setter does, and that row is drawn with the new title as Textual draws it."""
+    async with _drawn(vllm_spec("a")) as (app, pilot):
+        panels = [p for p in app.query(Panel) if p.display and p.ctx is not None and p.outer_size.area]
+        assert len(panels) >= 3
+        for n, panel in enumerate(panels):
+            assert panel.ctx is not None
+            title = f"new title {n}"
+            panel.panel_title = lambda ctx, title=title: title  # type: ignore[method-assign]
+            panel.show(panel.ctx)
+            assert panel.border_title == title
+            assert panel._repaint_regions == {Region(0, 0, panel.outer_size.width, 1)}, type(panel).__name__
+        await pilot.pause()
+        await pilot.pause()
+        assert _check_every_panel(app) == len(panels)
+        for n, panel in enumerate(panels):
+            top = panel.render_lines(Region(0, 0, panel.outer_size.width, 1))[0].text
+            assert f"new title {n}" in top, top
