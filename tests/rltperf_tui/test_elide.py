@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rltperf_tui.elide import cut_at, elide
-from rltperf_tui.tui.widgets._fmt import fit_row
+from rltperf_tui.tui.widgets._fmt import fit_row, single_width
 
 
 @pytest.mark.parametrize(
@@ -58,3 +60,25 @@ def test_fit_row_keeps_styles_and_marks_the_cut() -> None:
     )
     assert fit_row(row, 22) == (("ms/step ", "$text-muted"), ("█", "red"), (" forward", ""), ("…", ""))
     assert fit_row((("界界界", ""),), 2) is None  # double width: cropped by cells by the caller
+
+
+_CHARS = st.one_of(
+    st.characters(min_codepoint=0x20, max_codepoint=0x7E),
+    st.characters(min_codepoint=0xA0, max_codepoint=0x52F),
+    st.characters(min_codepoint=0x2000, max_codepoint=0x25FF),
+    st.sampled_from("界日\u200d\ufe0f\u0301\u00ad\u2028⌚⌛🙂é"),  # wide, zero-width, joiners
+)
+
+
+@given(st.text(_CHARS, max_size=40))
+def test_single_width_is_richs_own_measure(text: str) -> None:
+    """``single_width`` (a set lookup, for speed) says what Rich's ``cell_len`` says."""
+    from rich.cells import _cell_len
+
+    assert single_width(text) == (_cell_len(text, "auto") == len(text))
+
+
+def test_single_width_on_the_panels_characters() -> None:
+    for text in ("TTFT ≤12.3 · TPOT 4.5 ms", "→ compute-bound", "forward…", "█▇▆▅▄▃▂▁ ░", "─┤│┴"):
+        assert single_width(text), text
+    assert not single_width("日本") and not single_width("ok 🙂")
