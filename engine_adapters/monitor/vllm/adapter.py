@@ -1,14 +1,14 @@
 """``vllm+http://host:port``: a live view of an unmodified vLLM server through its HTTP API.
 
-The session scrapes ``/metrics`` at a steady interval (default 1 s) in one thread, on one
-keep-alive connection (``http.KeptConnection``) — polls never overlap and the loop does
-not drift (``next += interval``) — and turns each pair of scrapes into a
-``MetricsSample``: tokens, requests and engine steps gained, the queue and KV gauges,
-vLLM's byte/FLOP estimates (``--enable-mfu-metrics``) and the latency histograms' new
-observations (percentiles from them are histogram estimates).
-It starts with a ``Hello`` whose ``EngineInfo`` comes from ``/version``, ``/v1/models``
-and ``vllm:cache_config_info``.  It invents no steps or requests: per-step timing needs
-the rltperf vLLM plugin (``RLTPERF_PROBE``), attached with ``tcp://``.
+The session scrapes ``/metrics`` at a steady interval (default 1 s) in one thread on one
+keep-alive connection (``http.KeptConnection``; polls never overlap, the loop does not
+drift: ``next += interval``) and turns each pair of scrapes into a ``MetricsSample``:
+tokens, requests and engine steps gained, the queue and KV gauges, vLLM's byte/FLOP
+estimates (``--enable-mfu-metrics``) and the latency histograms' new observations
+(percentiles from them are histogram estimates).  It starts with a ``Hello`` whose
+``EngineInfo`` comes from ``/version``, ``/v1/models`` and ``vllm:cache_config_info``.  It
+invents no steps or requests: per-step timing needs the rltperf vLLM plugin
+(``RLTPERF_PROBE``), attached with ``tcp://``.
 
 Captures: on a server with the rltperf plugin (announced on this host), the engine's own
 probe profiles N steps in vLLM's workers (``plugin_capture.py``: no ``--profiler-config``,
@@ -96,8 +96,7 @@ class VllmSession(CaptureSide, Session):
         self.engine: str | None = adapter.engine
         """The engine label this session keeps (None: the sum over the server's engines)."""
         self.http = HttpClient(adapter.base_url, timeout=adapter.timeout)
-        self._scrapes = self.http.kept()
-        """The poll thread's keep-alive connection for ``/metrics`` (only that thread uses it)."""
+        self._scrapes = self.http.kept()  # the poll thread's own /metrics connection
         self.interval = adapter.interval
         self.profiler_dir: str | None = adapter.profiler_dir
         self.profiler_dir_source = "--profiler-dir" if adapter.profiler_dir else None
@@ -294,12 +293,6 @@ class VllmSession(CaptureSide, Session):
                 self._dropped += 1
 
     def _poll_loop(self) -> None:
-        try:
-            self._poll_until_stopped()
-        finally:
-            self._scrapes.close()
-
-    def _poll_until_stopped(self) -> None:
         # a session opened in the background connects at once
         nxt = time.monotonic() + (0.0 if self._state == "reconnecting" else self.interval)
         attempt = 0
@@ -323,6 +316,7 @@ class VllmSession(CaptureSide, Session):
             now = time.monotonic()
             if nxt < now:
                 nxt += ((now - nxt) // self.interval + 1) * self.interval
+        self._scrapes.close()
 
     def _poll_once(self) -> None:
         self.polls += 1
