@@ -145,8 +145,7 @@ class KeptConnection:
         reused = self._conn is not None
         try:
             return self._get(path)
-        except ServerUnreachable as exc:
-            self.close()
+        except ServerUnreachable as exc:  # (``_get`` closed the connection)
             if not reused or exc.timed_out:
                 raise
         return self._get(path)  # the kept connection had gone stale: once more, afresh
