@@ -323,6 +323,7 @@ def _rss_run(feed: Feed, mode: str, steps: int, count: int, warmup: int) -> dict
         "control_s": round(control_s, 1),
         "control_mb": control,
         "net_per_capture_mb": net / n if net is not None and n > 0 else None,
+        "net_mb": net,
         "failed": failed,
     }
 
@@ -482,7 +483,8 @@ def print_text(r: dict[str, Any]) -> None:
             f"{rss['captures'] - rss['warmup']} grew it {f(rss['growth_mb'], '{:+.1f} MB')} "
             f"({f(rss['per_capture_mb'], '{:+.2f} MB')} per capture) in {rss['counted_s']} s; "
             f"{rss['control_s']} s without captures after them: {f(rss['control_mb'], '{:+.1f} MB')}; net of that "
-            f"drift {f(rss['net_per_capture_mb'], '{:+.2f} MB')} per capture"
+            f"drift {f(rss['net_mb'], '{:+.1f} MB')} in all, {f(rss['net_per_capture_mb'], '{:+.2f} MB')} per "
+            "capture (goal: at most 10 MB for the ten after 2 warm-up captures)"
         )
         for e in rss["failed"]:
             print(f"   failed: {e}")

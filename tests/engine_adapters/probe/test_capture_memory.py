@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 def test_repeated_captures_leave_the_engine_rss_flat() -> None:
     args = argparse.Namespace(
         target=None, workload="closed:4", steps=4, repeats=1, modes="", token=None, pid=None,
-        rss_captures=7, rss_warmup=2, rss_mode="ops",
+        rss_captures=12, rss_warmup=2, rss_mode="ops",
     )  # fmt: skip
     r = bench.run(args)
     rss = r["rss"]
@@ -31,10 +31,18 @@ def test_repeated_captures_leave_the_engine_rss_flat() -> None:
     assert rss["source"].startswith("/proc/") and None not in rss["rss_mb"], rss
     # counted once the young engine's own growth has ended (~11 MB in its first ~30 s)
     assert rss["settled_s"] is not None, rss
-    # Memory, not time: after 2 warm-up captures, the next 5 may grow RSS by at most
-    # 1 MB each beyond what the engine grew by itself over as long without captures
-    # (the goal: 10 captures, 10 MB).  Before the fix: ~+8 MB per capture.
-    assert rss["net_per_capture_mb"] <= 1.0, rss
+    # Memory, not time, and the goal as it is written: after 2 warm-up captures,
+    # the next 10 grow RSS by at most 10 MB in all, beyond what the engine grew by itself
+    # over as long without captures.  Without ``release_results``: +16.8 MB over the ten
+    # (+12.9 over five: +12.5, +2.3, -2.6, +0.5, +0.2, the cyclic collector freeing some
+    # now and then); with it, +0.4.  Not 1 MB for each of five, as this test once asked:
+    # the allocator settles in a step, not a slope, and
+    # a parallel run failed that with +0.9, +0.3, +0.1, +0.6, +4.3 MB, while 22 captures
+    # beside a CPU hog grew +2.5 MB over the 20 after the warm-up, +1.4 of it at one
+    # capture and nothing over the last twelve
+    # (`rltperf bench capture --modes "" --rss-captures 22 --json`).
+    assert rss["captures"] - rss["warmup"] == 10, rss
+    assert rss["net_mb"] <= 10.0, rss
 
 
 def test_a_stopped_profiler_frees_its_results_only_when_released() -> None:
