@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.driver import Driver
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import Footer
@@ -161,6 +162,15 @@ class MonitorApp(MonitorActions):
 
     def get_default_screen(self) -> Screen[Any]:
         return BlankScreen(id="_default")
+
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's terminal driver, with an input thread that wakes only for input (``driver``)."""
+        base = super().get_driver_class()
+        if base.__name__ != "LinuxDriver":  # another platform, or a driver named in $TEXTUAL_DRIVER
+            return base
+        from rltperf_tui.tui.driver import QuietInputDriver  # imports termios: Unix only
+
+        return QuietInputDriver if issubclass(QuietInputDriver, base) else base
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -435,10 +445,11 @@ class MonitorApp(MonitorActions):
         waiting for the driver's input thread; False when there is none to restore
         (headless) or it could not be done (the app then ends the Textual way).
 
-        ``stop_application_mode`` first joins the input thread, which notices only at
-        the end of its 0.1 s select and then selects once more: 0.2 s at best, up to
-        1.2 s measured with a loaded vLLM server on the same 2 cores.  The process ends
-        right after this, so the thread is left to it (the driver's ``_key_thread`` is
+        ``stop_application_mode`` first joins the input thread.  Textual's noticed only
+        at the end of its 0.1 s select and then selected once more: 0.2 s at best, up to
+        1.2 s measured with a loaded vLLM server on the same 2 cores.  Ours
+        (``driver.py``) wakes at once, but still needs a core to run on.  The process
+        ends right after this, so the thread is left to it (the driver's ``_key_thread`` is
         textual 8.2's, pinned in pyproject).  The writer thread is waited for: the
         sequences that restore the terminal go through it."""
         driver = self._driver
