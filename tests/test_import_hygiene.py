@@ -6,7 +6,8 @@
   nothing above it, nothing in the probe imports the module that wires it;
 - ``engine_adapters`` and ``rltperf_tui.live`` never import Textual; ``rltperf_tui`` never
   imports torch or vllm at import time;
-- every module is at most ``MAX_LINES`` long (except the schema, ``records.py``).
+- every module is at most ``MAX_LINES`` long (except the schema, ``records.py``);
+- no two test modules share a name (pytest imports each by its bare name).
 """
 
 from __future__ import annotations
@@ -203,3 +204,15 @@ def test_no_module_over_500_lines():
             if n > MAX_LINES and rel not in LONG_ALLOWED:
                 long[rel] = n
     assert not long, long
+
+
+def test_no_two_test_modules_share_a_name():
+    """The test tree has no ``__init__.py``: pytest imports each test module by its bare
+    name, so a second module of one name stops the whole run at collection ("import file
+    mismatch"), although each passes alone.  tests/rltperf_tui/tui/test_driver.py did that
+    beside tests/rltperf_tui/test_driver.py on a fresh clone."""
+    seen: dict[str, list[str]] = {}
+    for p in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(p.name, []).append(p.relative_to(ROOT).as_posix())
+    shared = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not shared, shared

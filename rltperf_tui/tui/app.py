@@ -164,11 +164,11 @@ class MonitorApp(MonitorActions):
         return BlankScreen(id="_default")
 
     def get_driver_class(self) -> type[Driver]:
-        """Textual's terminal driver, with an input thread that wakes only for input (``driver``)."""
+        """Textual's terminal driver, with an input thread that wakes only for input (``terminal``)."""
         base = super().get_driver_class()
         if base.__name__ != "LinuxDriver":  # another platform, or a driver named in $TEXTUAL_DRIVER
             return base
-        from rltperf_tui.tui.driver import QuietInputDriver  # imports termios: Unix only
+        from rltperf_tui.tui.terminal import QuietInputDriver  # imports termios: Unix only
 
         return QuietInputDriver if issubclass(QuietInputDriver, base) else base
 
@@ -448,7 +448,7 @@ class MonitorApp(MonitorActions):
         ``stop_application_mode`` first joins the input thread.  Textual's noticed only
         at the end of its 0.1 s select and then selected once more: 0.2 s at best, up to
         1.2 s measured with a loaded vLLM server on the same 2 cores.  Ours
-        (``driver.py``) wakes at once, but still needs a core to run on.  The process
+        (``terminal.py``) wakes at once, but still needs a core to run on.  The process
         ends right after this, so the thread is left to it (the driver's ``_key_thread`` is
         textual 8.2's, pinned in pyproject).  The writer thread is waited for: the
         sequences that restore the terminal go through it."""

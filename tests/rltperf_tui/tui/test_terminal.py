@@ -1,4 +1,4 @@
-"""The monitor's terminal driver (``rltperf_tui.tui.driver``): its input thread, on a real
+"""The monitor's terminal driver (``rltperf_tui.tui.terminal``): its input thread, on a real
 pseudo-terminal, wakes for input, for the parser's escape deadline and for exit, not ten
 times a second as Textual's does; keys still arrive as Textual's own events."""
 
@@ -17,7 +17,7 @@ import pytest
 from textual import events
 from textual.drivers.linux_driver import LinuxDriver
 
-from rltperf_tui.tui import driver as quiet
+from rltperf_tui.tui import terminal as quiet
 
 
 def _wakes(t: threading.Thread) -> int:
