@@ -98,14 +98,16 @@ class QuietInputDriver(LinuxDriver):
                     if key.fd == wake:
                         self._drain_wake()
                         continue
-                    text = decode(os.read(fileno, 4096))
-                    if not text:  # end of input (a pipe): stop selecting on it, it stays readable
+                    data = os.read(fileno, 4096)
+                    if not data:  # end of input (a pipe): stop selecting on it, it stays readable
                         if reading:
                             selector.unregister(fileno)
                             reading = False
                         continue
-                    for event in parser.feed(text):
-                        self.process_message(event)
+                    text = decode(data)  # "" while a character's bytes are still coming
+                    if text:
+                        for event in parser.feed(text):
+                            self.process_message(event)
                 for event in parser.tick():
                     self.process_message(event)
         finally:

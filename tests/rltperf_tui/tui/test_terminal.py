@@ -31,7 +31,7 @@ def _wakes(t: threading.Thread) -> int:
 
 def _run(base: type[LinuxDriver], idle_s: float) -> dict[str, Any]:
     """Drive ``base``'s input thread on a pty: its wakes over ``idle_s`` of silence, the keys
-    it made of ``a`` and of a lone Esc, and how long it took to leave once told to."""
+    it made of ``é`` (its two bytes read apart), ``a`` and a lone Esc, and how long it took to leave once told to."""
     got: list[tuple[float, Any]] = []
 
     class Capture(base):  # type: ignore[misc,valid-type]
@@ -56,18 +56,20 @@ def _run(base: type[LinuxDriver], idle_s: float) -> dict[str, Any]:
             w0 = _wakes(t)
             time.sleep(idle_s)
             idle_wakes = _wakes(t) - w0
-            os.write(master, b"a")
-            wait_for(1, 10)
+            os.write(master, "é".encode()[:1])  # a character split across two reads
+            time.sleep(0.2)
+            os.write(master, "é".encode()[1:] + b"a")
+            wait_for(2, 10)
             sent = time.monotonic()
             os.write(master, b"\x1b")  # a lone Esc: a key only once the parser's deadline passes
-            wait_for(2, 10)
+            wait_for(3, 10)
             told = time.monotonic()
             d.exit_event.set()
             t.join(10)
             return {
                 "idle_wakes": idle_wakes,
                 "keys": [m.key for _, m in got if isinstance(m, events.Key)],
-                "esc_after_s": got[1][0] - sent if len(got) > 1 else None,
+                "esc_after_s": got[2][0] - sent if len(got) > 2 else None,
                 "left_after_s": time.monotonic() - told,
                 "alive": t.is_alive(),
             }
@@ -87,7 +89,7 @@ def test_input_thread_wakes_for_input_escape_deadline_and_exit_only(monkeypatch:
     textual = _run(LinuxDriver, idle_s=2.0)
     print(ours, textual)
     for r in (ours, textual):
-        assert r["keys"] == ["a", "escape"], r
+        assert r["keys"] == ["é", "a", "escape"], r
         assert not r["alive"], r
     # Textual's thread wakes ~20 times in 2 s of silence (select with a 0.1 s timeout); ours
     # sleeps through (a wake or two: the start of the silence, the GIL)
