@@ -27,7 +27,6 @@ module does not import the adapter.  Everything here runs in the capture's own t
 
 from __future__ import annotations
 
-import gzip
 import logging
 import os
 import shutil
@@ -62,12 +61,14 @@ from engine_adapters.monitor.vllm.capture_job import CaptureHost, HttpCaptureJob
 from engine_adapters.monitor.vllm.http import ServerUnreachable, error_text
 from engine_adapters.monitor.vllm.trace_files import (
     TraceFacts,
+    copy_gz,
+    engine_of,
     is_frontend,
     is_trace,
     list_prefixed,
     mode_note,
     rank_of,
-    trace_facts,
+    read_facts,
     trace_pid,
     trace_rank,
 )
@@ -182,37 +183,39 @@ class HttpCapture(threading.Thread):
         self._bundle(pdir)
 
     def _wait_window(self, pdir: str) -> None:
-        """Until a worker trace appears (the workers stopped by themselves after N steps),
-        the metrics say N steps ran and none appeared within ``STOP_GRACE_S`` (the load
-        paused right after the window: /stop_profile then makes the workers export), or a
-        timeout."""
+        """Until every worker wrote its trace (each stops by itself after its engine's N
+        steps; data-parallel engines get there at different times, and /stop_profile
+        would cut the slower one short), the metrics say every engine ran N steps and the
+        traces did not all appear within ``STOP_GRACE_S`` (the load paused right after the
+        window: /stop_profile then makes the workers export), or the slowest engine ran no
+        step for ``NO_STEP_TIMEOUT_S``."""
         s = self.session
         job = self.job
+        expected, _pids = s.server_ranks()
+        want = max(1, len(expected or ()))
         done_last = -1
         last_progress = time.monotonic()
-        last_steps = job.steps_at_start
+        slowest: tuple[float, str] | None = None
         start = job.engine_steps_at_start
         next_scrape = 0.0
         done_at: float | None = None
         while not self.cancel.is_set():
             files = list_prefixed(pdir, job.prefix)
-            if any(is_trace(n) and not is_frontend(n) for n in files):
+            if sum(1 for n in files if is_trace(n) and not is_frontend(n)) >= want:
                 self._exporting()
                 return
             now = time.monotonic()
             if now >= next_scrape:
                 next_scrape = now + SCRAPE_S
                 by_engine = s.scrape_steps()
-                cur = _total(by_engine)
-                if cur is not None and last_steps is not None and cur > last_steps:
-                    last_progress = now
-                    last_steps = cur
-                if by_engine is not None and start is not None:
+                if by_engine and start is not None:
                     # every engine profiles its own N steps: the window is done when the
-                    # slowest engine has run them
-                    done = int(
-                        min(job.steps, max(0.0, min(v - start.get(e, v) for e, v in by_engine.items())))
-                    )
+                    # slowest engine has run them, and moves while the slowest one steps
+                    low = min((max(0.0, v - start.get(e, v)), e) for e, v in by_engine.items())
+                    if slowest is None or low[0] > slowest[0]:
+                        last_progress = now
+                    slowest = low
+                    done = int(min(job.steps, low[0]))
                     if done != done_last and done > 0:
                         self.post(
                             CaptureProgress(capture_id=job.capture_id, steps_done=done, steps=job.steps)
@@ -224,8 +227,11 @@ class HttpCapture(threading.Thread):
             if done_at is not None and now - done_at > STOP_GRACE_S:
                 return  # _stop() makes the workers stop and export
             if job.export_start_ns is None and now - last_progress > NO_STEP_TIMEOUT_S:
+                which = (
+                    f"engine {slowest[1]} of the server" if slowest and len(start or ()) > 1 else "the server"
+                )
                 job.error = (
-                    f"the server ran no engine step within {NO_STEP_TIMEOUT_S:.0f} s "
+                    f"{which} ran no engine step within {NO_STEP_TIMEOUT_S:.0f} s "
                     "(idle server? send it requests during the capture)"
                 )
                 return
@@ -319,13 +325,14 @@ class HttpCapture(threading.Thread):
                     dst = f"trace_{rank}_{i}.json.gz"
                 taken.add(dst)
                 held.setdefault(rank, dst)
-                self._copy_gz(os.path.join(pdir, name), os.path.join(tmp, dst))
+                copy_gz(os.path.join(pdir, name), os.path.join(tmp, dst))
                 out_files[dst] = f"worker trace of rank {rank}: {name} (Chrome trace, Perfetto)"
             if workers:
-                facts = self._read_facts(os.path.join(tmp, "trace.json.gz"))
+                facts = read_facts(os.path.join(tmp, "trace.json.gz"))
                 trace_bytes = os.path.getsize(os.path.join(tmp, "trace.json.gz"))
+                job.error = job.error or self._short_engine(tmp, held, ranks[workers[0]])
             for name in frontends[:1]:
-                self._copy_gz(os.path.join(pdir, name), os.path.join(tmp, "frontend.trace.json.gz"))
+                copy_gz(os.path.join(pdir, name), os.path.join(tmp, "frontend.trace.json.gz"))
                 out_files["frontend.trace.json.gz"] = f"API-server trace {name}"
             header = (
                 f"# rltperf capture {job.capture_id} through vLLM's profiler: {len(facts.annotations)} steps, "
@@ -370,26 +377,18 @@ class HttpCapture(threading.Thread):
         )
         log.info("vLLM capture %s -> %s", job.capture_id, path)
 
-    @staticmethod
-    def _copy_gz(src: str, dst: str) -> None:
-        """Copy a trace, gzipping it when the server wrote it uncompressed."""
-        if src.endswith(".gz"):
-            shutil.copyfile(src, dst)
-        else:
-            with open(src, "rb") as fi, gzip.open(dst, "wb", compresslevel=3) as fo:
-                shutil.copyfileobj(fi, fo, 1 << 20)
-
-    @staticmethod
-    def _read_facts(path: str) -> TraceFacts:
-        """Trace facts, retried briefly: the copy may have caught a trace still being written."""
-        err: Exception | None = None
-        for _ in range(3):
-            try:
-                return trace_facts(path)
-            except (OSError, EOFError, ValueError) as exc:
-                err = exc
-                time.sleep(0.5)
-        raise ValueError(f"{type(err).__name__}: {err}")
+    def _short_engine(self, tmp: str, held: dict[str, str], first: str) -> str | None:
+        """Each data-parallel engine runs its own N steps: a sentence when another engine's
+        trace (the first of its ranks) holds a different number than requested."""
+        seen = {engine_of(first)}
+        for rank, dst in sorted(held.items()):
+            if engine_of(rank) in seen:
+                continue
+            seen.add(engine_of(rank))
+            n = len(read_facts(os.path.join(tmp, dst)).annotations)
+            if n != self.job.steps:
+                return f"the trace of engine {engine_of(rank)} holds {n} step annotations, {self.job.steps} were requested"
+        return None
 
     def _meta(
         self,

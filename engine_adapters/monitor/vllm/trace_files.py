@@ -9,6 +9,8 @@ import gzip
 import json
 import os
 import re
+import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,3 +149,29 @@ def trace_rank(name: str, pid: int | None, pids: dict[int, str]) -> str:
         dp, pp, tp = (int(g) for g in m.groups())
         return f"dp{dp}-" + (f"pp{pp}-tp{tp}" if pp else f"tp{tp}")
     return f"rank{rank_of(name)}"
+
+
+def engine_of(rank: str) -> str:
+    """The data-parallel engine of a rank name (``dp1-tp0`` -> ``dp1``; ``rank3`` -> ``dp0``)."""
+    return rank.split("-", 1)[0] if rank.startswith("dp") else "dp0"
+
+
+def copy_gz(src: str, dst: str) -> None:
+    """Copy a trace, gzipping it when the server wrote it uncompressed."""
+    if src.endswith(".gz"):
+        shutil.copyfile(src, dst)
+    else:
+        with open(src, "rb") as fi, gzip.open(dst, "wb", compresslevel=3) as fo:
+            shutil.copyfileobj(fi, fo, 1 << 20)
+
+
+def read_facts(path: str) -> TraceFacts:
+    """Trace facts, retried briefly: the copy may have caught a trace still being written."""
+    err: Exception | None = None
+    for _ in range(3):
+        try:
+            return trace_facts(path)
+        except (OSError, EOFError, ValueError) as exc:
+            err = exc
+            time.sleep(0.5)
+    raise ValueError(f"{type(err).__name__}: {err}")

@@ -34,6 +34,7 @@ from engine_adapters.monitor.recording import read_all
 from engine_adapters.monitor.tcp import ProbeAdapter
 from engine_adapters.monitor.vllm.announced import find_all
 from engine_adapters.monitor.vllm.engines import engine_targets
+from engine_adapters.monitor.vllm.trace_files import trace_facts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 _why = vllm_missing_reason() or plugin_missing_reason()
@@ -201,15 +202,23 @@ def test_the_screen_shows_a_column_and_a_replica_row_per_engine(dp2: Server) -> 
 
 
 def test_a_capture_holds_both_engines_and_report_says_2_of_2(dp2: Server, tmp_path: Path) -> None:
+    """Engine 1 busy, engine 0 given a 2-token request every 1.5 s: engine 1's worker runs
+    its 4 steps and writes its trace long before engine 0's has run 4; the window waits for
+    both (stopping at the first trace left engine 0's with 2 of its 4 steps: CI, 5789ac4)."""
     stop = threading.Event()
-    bg = Load(dp2.url, conc=4, max_tokens=64)
-    t = threading.Thread(target=bg.run, args=(150.0, stop), daemon=True)
-    t.start()
+    busy = Load(dp2.url, conc=2, max_tokens=64, engine=1)
+    trickle = Load(dp2.url, conc=1, max_tokens=2, engine=0, pause=1.5)
+    threads = [threading.Thread(target=x.run, args=(150.0, stop), daemon=True) for x in (busy, trickle)]
+    for t in threads:
+        t.start()
     try:
+        time.sleep(2.0)  # both engines have a request in flight
         cap = M.capture_in_process(f"vllm+http://127.0.0.1:{dp2.port}", 4, tmp_path)
     finally:
         stop.set()
-        t.join(90)
+        for t in threads:
+            t.join(90)
+    assert not busy.errors and not trickle.errors, (busy.errors, trickle.errors)
     assert "vLLM's own profiler" in str(cap["via"]), cap  # the server's target sums both engines
     bundle = Path(str(cap["bundle"]))
     ranks = json.loads((bundle / "meta.json").read_text())["capture"]["ranks"]
@@ -217,6 +226,8 @@ def test_a_capture_holds_both_engines_and_report_says_2_of_2(dp2: Server, tmp_pa
     assert ranks["expected"] == ["dp0-tp0", "dp1-tp0"] and ranks["missing"] == [], ranks
     assert sorted(ranks["held"]) == ["dp0-tp0", "dp1-tp0"]
     assert len(set(ranks["held"].values())) == 2
+    for rank, name in ranks["held"].items():
+        assert len(trace_facts(str(bundle / name)).annotations) == 4, rank
     r = _cli(dp2, "report", str(bundle))
     assert "2/2 ranks" in r.stdout, r.stdout[:3000]
 

@@ -272,6 +272,10 @@ class Load:
     url: str
     conc: int = 4
     max_tokens: int = 32
+    engine: int | None = None
+    """Send every request to this data-parallel engine (vLLM's X-data-parallel-rank header)."""
+    pause: float = 0.0
+    """Seconds each client waits between its requests."""
     results: list[Result] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -280,9 +284,10 @@ class Load:
             "model": MODEL_NAME, "prompt": f"def f(x): return x * {i}", "max_tokens": self.max_tokens,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
         }).encode()  # fmt: skip
-        req = urllib.request.Request(
-            self.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json"}
+        if self.engine is not None:
+            headers["X-data-parallel-rank"] = str(self.engine)
+        req = urllib.request.Request(self.url + "/v1/completions", data=body, headers=headers)
         t0 = time.perf_counter()
         first = None
         tokens = 0
@@ -311,6 +316,10 @@ class Load:
                 except Exception as exc:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
                 i += self.conc
+                if self.pause and until is not None:
+                    until.wait(self.pause)
+                elif self.pause:
+                    time.sleep(self.pause)
 
         threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(self.conc)]
         for t in threads:
