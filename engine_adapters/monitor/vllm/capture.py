@@ -86,6 +86,8 @@ EXPORT_TIMEOUT_S = 900.0
 POLL_S = 0.05
 SCRAPE_S = 0.5
 """How often the capture thread reads the server's step count during the window."""
+IDLE_ENGINE_S = 10.0
+"""How long a data-parallel engine may run no step while another ended its window."""
 STOP_GRACE_S = 2.0
 """After the metrics show N steps, how long to wait for the workers' own stop."""
 PROFILER_FLAG_HELP = '--profiler-config \'{"profiler": "torch", "torch_profiler_dir": "/abs/dir"}\''
@@ -194,14 +196,16 @@ class HttpCapture(threading.Thread):
         expected, _pids = s.server_ranks()
         want = max(1, len(expected or ()))
         done_last = -1
-        last_progress = time.monotonic()
+        last_progress = last_any = time.monotonic()  # the slowest engine stepped; any did
         slowest: tuple[float, str] | None = None
+        total = 0.0
         start = job.engine_steps_at_start
         next_scrape = 0.0
         done_at: float | None = None
         while not self.cancel.is_set():
             files = list_prefixed(pdir, job.prefix)
-            if sum(1 for n in files if is_trace(n) and not is_frontend(n)) >= want:
+            traces = sum(1 for n in files if is_trace(n) and not is_frontend(n))
+            if traces >= want:
                 self._exporting()
                 return
             now = time.monotonic()
@@ -214,6 +218,8 @@ class HttpCapture(threading.Thread):
                     low = min((max(0.0, v - start.get(e, v)), e) for e, v in by_engine.items())
                     if slowest is None or low[0] > slowest[0]:
                         last_progress = now
+                    if sum(by_engine.values()) > total:
+                        last_any, total = now, sum(by_engine.values())
                     slowest = low
                     done = int(min(job.steps, low[0]))
                     if done != done_last and done > 0:
@@ -226,13 +232,17 @@ class HttpCapture(threading.Thread):
                         self._exporting()  # the workers export at their next step
             if done_at is not None and now - done_at > STOP_GRACE_S:
                 return  # _stop() makes the workers stop and export
-            if job.export_start_ns is None and now - last_progress > NO_STEP_TIMEOUT_S:
-                which = (
-                    f"engine {slowest[1]} of the server" if slowest and len(start or ()) > 1 else "the server"
-                )
+            # an engine idle while another stepped on and ended its window (not: every
+            # engine waiting on a worker's export, whose trace is then on its way)
+            idle = traces > 0 and now - last_any < IDLE_ENGINE_S
+            limit = IDLE_ENGINE_S if idle else NO_STEP_TIMEOUT_S
+            if job.export_start_ns is None and now - last_progress > limit:
+                eng = slowest[1] if slowest and len(start or ()) > 1 else None
+                which = f"engine {eng} of the server" if eng is not None else "the server"
+                done_by = f" while {traces} of {want} workers ended their window" if idle else ""
                 job.error = (
-                    f"{which} ran no engine step within {NO_STEP_TIMEOUT_S:.0f} s "
-                    "(idle server? send it requests during the capture)"
+                    f"{which} ran no engine step within {limit:.0f} s{done_by} "
+                    "(idle? send it requests during the capture)"
                 )
                 return
             time.sleep(POLL_S)

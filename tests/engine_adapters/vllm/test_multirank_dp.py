@@ -232,6 +232,37 @@ def test_a_capture_holds_both_engines_and_report_says_2_of_2(dp2: Server, tmp_pa
     assert "2/2 ranks" in r.stdout, r.stdout[:3000]
 
 
+def test_a_capture_with_an_idle_engine_ends_soon_after_the_busy_one_and_names_it(
+    dp2: Server, tmp_path: Path
+) -> None:
+    """Every request to engine 1: engine 0 runs no annotated step, so its window never
+    ends.  The capture ends ``IDLE_ENGINE_S`` after engine 1's trace, failed, naming
+    engine 0 (not after the 60 s of a wholly idle server, nor with a bundle said to be
+    whole)."""
+    from engine_adapters.monitor.vllm.capture import IDLE_ENGINE_S, NO_STEP_TIMEOUT_S
+
+    stop = threading.Event()
+    busy = Load(dp2.url, conc=2, max_tokens=64, engine=1)
+    t = threading.Thread(target=busy.run, args=(120.0, stop), daemon=True)
+    t.start()
+    try:
+        time.sleep(2.0)
+        t0 = time.monotonic()
+        out = M.capture_in_process(
+            f"vllm+http://127.0.0.1:{dp2.port}", 4, tmp_path, timeout=90, failed_ok=True
+        )
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        t.join(90)
+    assert not busy.errors, busy.errors
+    reason = str(out.get("failed"))
+    assert (
+        "engine 0 " in reason and f"within {IDLE_ENGINE_S:.0f} s" in reason and "1 of 2 workers" in reason
+    ), out
+    assert IDLE_ENGINE_S <= took < NO_STEP_TIMEOUT_S, took
+
+
 def test_one_engines_target_captures_that_engine_in_its_worker_through_the_plugin(
     dp2: Server, tmp_path: Path
 ) -> None:
