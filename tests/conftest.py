@@ -155,3 +155,18 @@ def loop_engine(tmp_path: Path) -> Iterator[EngineProc]:
         yield eng
     finally:
         eng.stop()
+
+
+def _checkout_snapshots() -> set[str]:
+    return {p.name for p in (ROOT / "snapshots").iterdir()} if (ROOT / "snapshots").is_dir() else set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_bundle_left_in_the_checkout() -> Iterator[None]:
+    """Tests write their captures under their own temporary folders: a bundle that turns
+    up in the checkout's ``snapshots/`` (a command run with the checkout as its working
+    directory) fails the run at the end of the session."""
+    before = _checkout_snapshots()
+    yield
+    new = sorted(_checkout_snapshots() - before)
+    assert not new, f"tests left bundles in {ROOT / 'snapshots'}: {new}"

@@ -53,7 +53,7 @@ from rltperf_tui.tui.targets import (
     TargetSpec,
     ingest,
 )
-from rltperf_tui.tui.widgets.containers import BlankHorizontal, BlankScreen
+from rltperf_tui.tui.widgets.containers import BlankHorizontal, BlankScreen, BlankVertical
 from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 from rltperf_tui.tui.widgets.replicas import ReplicaPanel
 from rltperf_tui.tui.widgets.status_bar import StatusBar, StatusInfo
@@ -173,14 +173,18 @@ class MonitorApp(MonitorActions):
         return QuietInputDriver if issubclass(QuietInputDriver, base) else base
 
     def compose(self) -> ComposeResult:
-        yield StatusBar(id="status")
+        # the bars sit in one-row boxes of their own: Textual asks every widget whose
+        # parent overlaps an update for its lines, and the screen overlaps every update
+        with BlankVertical(id="top-bar"):
+            yield StatusBar(id="status")
         yield ReplicaPanel(id="replicas", classes="panel")
         with BlankHorizontal(id="targets"):
             for h in self.handles:
                 col = TargetColumn(h.index, id=f"target-{h.index}")
                 col.set_class(h.index > 0, "-follow")
                 yield col
-        yield Footer(compact=True)
+        with BlankVertical(id="bottom-bar"):
+            yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self._event_loop = asyncio.get_running_loop()

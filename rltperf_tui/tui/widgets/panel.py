@@ -252,8 +252,9 @@ class Panel(Widget):
         if not regions and self._title_only and repaint and not (layout or recompose):
             # a new border title: only the top border row changed (its cached strips go
             # in render_lines, which draws the edges afresh for a new title).  Textual's
-            # title setter would repaint every row: 0.31 ms a scrape for the server view's
-            # "Since attach · 12s · 24 scrapes", whose counters move at every scrape
+            # title setter would repaint every row (0.31 ms a scrape for a title whose
+            # counters moved at every scrape; a title that moves at every update is still
+            # a pass through Textual's styles cache for that row: keep such text in rows)
             off = self.content_offset
             return super().refresh(Region(-off.x, -off.y, self.outer_size.width, 1))
         # Textual drops its own drawn lines on a refresh of the whole widget (layout or

@@ -23,8 +23,9 @@ class ServerTotalsPanel(Panel):
     """
 
     def panel_title(self, ctx: PanelContext) -> str:
-        lt = ctx.stats.lifetime
-        return f"Since attach · {_dur(lt.elapsed_s)} · {lt.samples:,} scrapes"
+        # fixed: the counters that move at every scrape are a content row, which is
+        # redrawn alone; a new title is a pass through Textual's styles cache
+        return "Since attach"
 
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         lt = ctx.stats.lifetime
@@ -32,6 +33,8 @@ class ServerTotalsPanel(Panel):
         if not lt.samples:
             ln.add("no metrics scraped yet", "$text-muted")
             return ln
+        ln.add("over       ", "$text-muted").add(_dur(lt.elapsed_s), "bold")
+        ln.add(f" · {lt.samples:,} scrapes").nl()
         reasons = " · ".join(f"{k} {v:,.0f}" for k, v in sorted(lt.finished.items()) if v)
         ln.add("finished   ", "$text-muted").add(f"{lt.requests:,.0f} req", "bold")
         if reasons:

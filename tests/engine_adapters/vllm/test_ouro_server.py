@@ -38,14 +38,14 @@ PASSES = 4
 THRESHOLD = OURO_THRESHOLD
 
 
-def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, timeout: float = 180, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = dict(
         os.environ,
         PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         RLTPERF_VLLM_CAPTURE="vllm",
     )  # its capture is vLLM's profiler's (vLLM's annotations)
     return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=str(ROOT))  # fmt: skip
+                          env=env, timeout=timeout, cwd=str(cwd))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -71,13 +71,17 @@ def ouro_run(ouro_server: Server, tmp_path_factory: pytest.TempPathFactory) -> d
     try:
         time.sleep(1.0)
         cap = _cli("capture", f"vllm+http://127.0.0.1:{ouro_server.port}", "--steps", "4", "--profiler-dir",
-                   str(ouro_server.profiler_dir), "--json", "--timeout", "150")  # fmt: skip
+                   str(ouro_server.profiler_dir), "--json", "--timeout", "150", cwd=d)  # fmt: skip
     finally:
         stop.set()
         t.join(90)
     assert cap.returncode == 0, cap.stderr[-3000:]
     _meta, records = read_all(rec)
-    return {"rec": rec, "records": records, "load": load, "capture": json.loads(cap.stdout)}
+    result = json.loads(cap.stdout)
+    # the bundle goes to ./snapshots of the command's directory: this test's, not the checkout's
+    assert (d / result["bundle"]).resolve().parent == (d / "snapshots").resolve(), result["bundle"]
+    result["bundle"] = str(d / result["bundle"])
+    return {"rec": rec, "records": records, "load": load, "capture": result}
 
 
 def test_step_records_carry_per_loop_time_exits_and_kv(ouro_run: dict[str, Any]) -> None:

@@ -123,8 +123,7 @@ async def test_a_changed_row_reaches_the_terminal_without_being_copied(
 
 @sync
 async def test_a_new_title_repaints_the_top_row_alone() -> None:
-    """A panel whose title changed (the server view's "Since attach · 12s · 24 scrapes"
-    at every scrape) marks its top border row dirty, not the whole panel as Textual's
+    """A panel whose title changed (e.g. a window's length after ``[``) marks its top border row dirty, not the whole panel as Textual's
     title setter does, and that row is drawn with the new title as Textual draws it."""
     async with _drawn(vllm_spec("a")) as (app, pilot):
         panels = [p for p in app.query(Panel) if p.display and p.ctx is not None and p.outer_size.area]
