@@ -134,8 +134,10 @@ def test_server_panels_draw_a_recorded_vllm_stream():
     scrapes = sum(isinstance(r, MetricsSample) for r in recs)
     assert view.lifetime.samples == scrapes
     totals = ServerTotalsPanel()
-    assert totals.panel_title(ctx).endswith(f"{scrapes:,} scrapes")
-    assert f"{view.lifetime.requests:,.0f} req" in _text(totals, ctx, 100, 10)
+    assert totals.panel_title(ctx) == "Since attach"  # fixed: the counters are its first row
+    text = _text(totals, ctx, 100, 10)
+    assert text.splitlines()[0].endswith(f" · {scrapes:,} scrapes"), text
+    assert f"{view.lifetime.requests:,.0f} req" in text
     metrics = _text(ServerMetricsPanel(), ctx, 100, 20)
     assert metrics.startswith("tokens/s " + si(view.metrics.tokens_per_s, digits=1))
 
