@@ -212,5 +212,9 @@ def test_bench_engine_reports_bandwidths() -> None:
     start = r.stdout.index("{")
     out = json.loads(r.stdout[start:])
     assert out["copy_gbps"] > 0 and out["decode_gbps"] > 0
-    assert out["mbu"] == pytest.approx(out["decode_gbps"] / out["copy_gbps"], rel=1e-3)
+    # mbu is printed to 4 places and the two bandwidths to 3: the bound is what that rounding allows
+    # (CI once read 0.0487 against 0.048758, inside it but outside a flat rel=1e-3)
+    d, c = out["decode_gbps"], out["copy_gbps"]
+    slack = 0.5e-4 + (d / c) * (0.5e-3 / d + 0.5e-3 / c)
+    assert abs(out["mbu"] - d / c) <= slack
     assert out["random_weights"] is True
