@@ -56,10 +56,10 @@ time, preemptions and KV computed per request): ``parse_scrape`` skips their lin
 (``read_families``), 102 of the stored page's 604 lines.  Named one by one, so a histogram
 a later vLLM adds is read, not lost."""
 
-MFU_CAVEAT = (
-    "vLLM's byte/FLOP estimator counts num_hidden_layers once: a looped model's traffic is "
-    "under-counted by its loop count"
-)
+MFU_CAVEAT = "vLLM's byte/FLOP estimator counts num_hidden_layers once, not once a loop"
+"""Why a looped model's estimates need correcting.  Each note that carries it says its
+conclusion first (corrected or not, by what), so a row cut to the screen's width keeps
+the part that tells the reader something."""
 
 _DTYPE_BYTES = {"float32": 4.0, "fp32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "fp16": 2.0,
                 "half": 2.0, "bf16": 2.0, "float8_e4m3fn": 1.0, "float8_e5m2": 1.0, "int8": 1.0}  # fmt: skip
@@ -389,20 +389,21 @@ def derive(
             write_b = loop_corrected(write_b, head.write_bytes(steps, logits), loop_factor)
             flops = loop_corrected(flops, head.flops(steps, logits), loop_factor)
             notes.append(
-                f"{MFU_CAVEAT}; corrected here: the layers x{loop_factor:g} (the model's loop count), "
-                f"the LM head once ({head.dtype or '?'}, {head.bytes_per_elem:g} B per element)"
+                f"bytes/FLOPs corrected here: the layers x{loop_factor:g} (the model's loop count), "
+                f"the LM head once ({head.dtype or '?'}, {head.bytes_per_elem:g} B per element): {MFU_CAVEAT}"
             )
         elif loop_factor != 1.0:
             read_b, write_b, flops = read_b * loop_factor, write_b * loop_factor, flops * loop_factor
             notes.append(
-                f"{MFU_CAVEAT}; corrected here x{loop_factor:g} (the model's loop count), the LM head "
-                "included (its shape is unknown here, so it is over-counted)"
+                f"bytes/FLOPs corrected here x{loop_factor:g} (the model's loop count), the LM head "
+                f"included (its shape is unknown here, so it is over-counted): {MFU_CAVEAT}"
             )
         elif loop_known:
-            notes.append(f"{MFU_CAVEAT}; this model is not looped, so no correction is needed")
+            notes.append("not looped: vLLM's bytes/FLOPs need no loop correction")
         else:
             notes.append(
-                f"{MFU_CAVEAT}; loop count unknown here, not corrected (set RLTPERF_LOOP_COUNT or the loop_count option)"
+                "bytes/FLOPs not corrected: loop count unknown (set RLTPERF_LOOP_COUNT or the loop_count "
+                f"option); {MFU_CAVEAT}"
             )
     elif estimating is False:
         notes.append("no byte/FLOP estimates: start the server with --enable-mfu-metrics for MBU")

@@ -78,7 +78,7 @@ def test_derive_gains_between_two_real_scrapes() -> None:
     p = percentiles(pool([ttft]), scale=1e3)
     assert p["p50"] == pytest.approx(10 + 10 * (12.5 - 4) / 21)  # ms: rank 12.5 in (10, 20] ms
     assert p["p95"] == pytest.approx(10 + 10 * (23.75 - 4) / 21)
-    assert any("not looped" in n for n in m.notes)
+    assert any(n == "not looped: vLLM's bytes/FLOPs need no loop correction" for n in m.notes)
 
 
 def test_derive_corrects_a_looped_model_and_says_so() -> None:
@@ -86,9 +86,9 @@ def test_derive_corrects_a_looped_model_and_says_so() -> None:
     b = _scrape("vllm_0.32_metrics_b.txt", 10**9)
     m = derive(a, b, MfuState(), loop_factor=4.0, loop_known=True)
     assert m.read_bytes == pytest.approx(4 * (2.469334016e9 - 2.044481536e9))
-    assert any("corrected here x4" in n and "num_hidden_layers" in n for n in m.notes)
+    assert any(n.startswith("bytes/FLOPs corrected here x4") and "num_hidden_layers" in n for n in m.notes)
     unknown = derive(a, b, MfuState(), loop_factor=1.0, loop_known=False)
-    assert any("loop count unknown" in n for n in unknown.notes)
+    assert any(n.startswith("bytes/FLOPs not corrected: loop count unknown") for n in unknown.notes)
 
 
 def test_counter_reset_is_detected() -> None:
