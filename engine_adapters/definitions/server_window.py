@@ -111,6 +111,9 @@ def metrics_window(
         for n in m.notes:
             if n not in notes:
                 notes.append(n)
+    # the warning beside MBU: a note that names vLLM's byte/FLOP estimator (a looped model's
+    # estimate corrected, or left uncorrected for want of its loop count); a plain model's
+    # "not looped" note is an ordinary note
     mbu_note = next((n for n in notes if "estimator" in n), None)
     return MetricsWindow(
         seconds=float(seconds) if seconds is not None else span,
