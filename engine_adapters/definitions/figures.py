@@ -65,6 +65,7 @@ import numpy as np
 
 from engine_adapters.definitions.energy import MIN_SPAN_S as MIN_ENERGY_SPAN_S
 from engine_adapters.definitions.energy import window_energy
+from engine_adapters.definitions.order_stats import quantiles
 from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
 
 EXCLUDED_FLAGS = FLAG_PROFILED | FLAG_EXPORTING | FLAG_WARMUP
@@ -291,14 +292,14 @@ def pct(values: np.ndarray) -> dict[str, float | None]:
     """P50/P95/P99 of pooled samples (linear interpolation); None for no samples."""
     if values.size == 0:
         return {f"p{p}": None for p in PERCENTILES}
-    q = np.percentile(values, PERCENTILES)
+    q = quantiles(values, PERCENTILES)
     return {f"p{p}": float(v) for p, v in zip(PERCENTILES, q, strict=True)}
 
 
 def percentile(values: np.ndarray, q: float) -> float:
     """One percentile ``q`` (0-100) of pooled samples, by the same definition as ``pct``
     (``values`` must hold at least one sample)."""
-    return float(np.percentile(values, q))
+    return float(quantiles(values, (q,))[0])
 
 
 def owned_from(start: np.ndarray, end: np.ndarray, t0_ns: int) -> np.ndarray:

@@ -18,6 +18,7 @@ import numpy as np
 from engine_adapters.definitions import figures as F
 from engine_adapters.definitions import roofline
 from engine_adapters.definitions.figures import pct
+from engine_adapters.definitions.order_stats import column_medians, median
 from engine_adapters.definitions.records import (
     FLAG_EXPORTING,
     FLAG_PROFILED,
@@ -27,7 +28,6 @@ from engine_adapters.definitions.records import (
     StepRecord,
 )
 from rltperf_tui.live.step_rings import (
-    MAX_DEPTH,
     MAX_STAGES,
     REQ_COLS,
     STEP_COLS,
@@ -38,7 +38,7 @@ from rltperf_tui.live.step_rings import (
     step_columns,
 )
 from rltperf_tui.live.stream_state import StreamClock
-from rltperf_tui.live.window_stats import IdleGap, Window
+from rltperf_tui.live.window_stats import IdleGap, Window, ceiling_ms_p50, loop_figures
 
 
 class StepWindows:
@@ -60,6 +60,9 @@ class StepWindows:
         steps then reads 0, not unknown)."""
         self._timeline: TimelineSums | None = None
         self._wsums: dict[float | None, WindowSums] = {}
+        self._gap_memo: (
+            tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None
+        ) = None
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -219,7 +222,7 @@ class StepWindows:
             in_step_idle=in_step_idle,
         )
         req = self._request_figures(w0, fig, slo_ttft_ms, slo_tpot_ms)
-        exit_list, mean_depth, loop_ms, loop_tk = _loop_figures(sums, n_keep, max_loops)
+        exit_list, mean_depth, loop_ms, loop_tk = loop_figures(sums, n_keep, max_loops)
         drafts = int(col("drafts")[keep].sum())
         drafted = int(col("drafted")[keep].sum())
         accepted = int(col("accepted")[keep].sum())
@@ -240,7 +243,7 @@ class StepWindows:
             intensity=rf.intensity,
             balance=rf.balance,
             verdict=rf.verdict,
-            ceiling_ms_p50=_ceiling_ms_p50(nbytes, flops, keep, peak_bw, peak_fl),
+            ceiling_ms_p50=ceiling_ms_p50(nbytes, flops, keep, peak_bw, peak_fl),
             tokens_per_s=fig.tokens_per_s if n or fig.seconds > 0 else None,
             steps_per_s=fig.steps_per_s,
             ttft_ms=pct(req.ttft_ms),
@@ -368,6 +371,24 @@ class StepWindows:
             out[cols] = 1
         return out
 
+    def _gaps(self, seconds: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The window's step ends, step ids, gaps before each next step (int ns) and
+        whether that gap is between consecutive steps (a drop is not a gap); kept for
+        the rest of the tick (``idle_gap_threshold_ms`` then ``idle_gaps``)."""
+        rows = self._window_rows(seconds)
+        key = (self.steps.n, rows)
+        if self._gap_memo is not None and self._gap_memo[0] == key:
+            return self._gap_memo[1]
+        col = self._window_cols(seconds, rows)
+        start, end, ids = col("start"), col("end"), col("step_id")
+        if end.size < 2:
+            z = np.zeros(0, dtype=np.int64)
+            out = (end, ids, z, z.astype(bool))
+        else:
+            out = (end, ids, start[1:] - end[:-1], np.diff(ids) == 1)
+        self._gap_memo = (key, out)
+        return out
+
     def idle_gaps(
         self,
         seconds: float = 30.0,
@@ -380,29 +401,25 @@ class StepWindows:
 
         Default threshold: max(1 ms, 5 × the median gap).
         """
-        col = self._window_cols(seconds)
-        start = col("start")
-        end = col("end")
-        ids = col("step_id")
+        end, ids, g, consec = self._gaps(seconds)
         if end.size < 2:
             return []
-        g = (start[1:] - end[:-1]).astype(np.float64)
-        g[np.diff(ids) != 1] = np.nan
         if threshold_ms is None:
-            med = float(np.nanmedian(g)) / 1e6 if np.any(~np.isnan(g)) else 0.0
-            threshold_ms = max(1.0, 5 * med)
-        idx = np.nonzero(g / 1e6 > threshold_ms)[0]
+            threshold_ms = self.idle_gap_threshold_ms(seconds)
+        idx = np.nonzero(consec & (g / 1e6 > threshold_ms))[0]
         if idx.size == 0:
             return []
-        stages = col("stages")
         names = stage_names or []
-        med_st = np.median(stages[:, : len(names)], axis=0) if names else np.zeros(0)
+        stages = self._window_cols(seconds, end.size)("stages")[:, : len(names)]
+        # each stage's median over the window, one contiguous row a stage (a copy: the
+        # partition reorders it)
+        med_st = column_medians(stages.T.copy(), overwrite_input=True) if names else np.zeros(0)
         out: list[IdleGap] = []
         for i in idx[::-1][:limit]:
             grown = None
             grown_ms = None
             if names:
-                delta = stages[i, : len(names)] - med_st
+                delta = stages[i] - med_st
                 j = int(np.argmax(delta))
                 if delta[j] > 0:
                     grown, grown_ms = names[j], float(delta[j] / 1e6)
@@ -420,15 +437,9 @@ class StepWindows:
     def idle_gap_threshold_ms(self, seconds: float = 30.0) -> float:
         """The default threshold ``idle_gaps`` uses over the window: max(1 ms, 5 x median gap)
         (so the screen can say which threshold it lists gaps over)."""
-        col = self._window_cols(seconds)
-        start = col("start")
-        end = col("end")
-        ids = col("step_id")
-        if end.size < 2:
-            return 1.0
-        g = (start[1:] - end[:-1]).astype(np.float64)
-        g = g[np.diff(ids) == 1]
-        med = float(np.median(g)) / 1e6 if g.size else 0.0
+        _, _, g, consec = self._gaps(seconds)
+        g = g[consec]
+        med = median(g) / 1e6 if g.size else 0.0
         return max(1.0, 5 * med)
 
     def latest_kv(self) -> dict[str, Any]:
@@ -458,35 +469,6 @@ class _RequestFigures:
     excluded: int
     """In flight during excluded (profiled/exporting/warm-up) time: left out."""
     goodput_rps: float | None
-
-
-def _loop_figures(
-    sums: dict[str, np.ndarray], n_keep: int, max_loops: int | None
-) -> tuple[list[int], float | None, list[float], list[float]]:
-    """Exit-depth histogram, mean exit depth, mean time and tokens per loop depth over
-    the window's matrix sums (``max_loops`` None: the deepest exit seen)."""
-    exit_hist = sums["exit"]
-    depth = int(np.max(np.nonzero(exit_hist)[0]) + 1) if exit_hist.any() else 0
-    max_loops = max_loops or depth
-    exit_list = [int(v) for v in exit_hist[: max(depth, max_loops or 0)]]
-    tot_exit = exit_hist.sum()
-    mean_depth = float((exit_hist * np.arange(1, MAX_DEPTH + 1)).sum() / tot_exit) if tot_exit else None
-    nl = max_loops or 0
-    loop_ms = [float(v) for v in sums["loop_ns"][:nl] / n_keep / 1e6] if n_keep and nl else []
-    loop_tk = [float(v) for v in sums["loop_tokens"][:nl] / n_keep] if n_keep and nl else []
-    return exit_list, mean_depth, loop_ms, loop_tk
-
-
-def _ceiling_ms_p50(
-    nbytes: np.ndarray, flops: np.ndarray, keep: np.ndarray, peak_bw: float | None, peak_fl: float | None
-) -> float | None:
-    """Median per-step roofline ceiling time (ms) of the baseline steps with known bytes."""
-    bknown = ~np.isnan(nbytes) & keep
-    fknown = ~np.isnan(flops)
-    if not (bknown.any() and peak_bw):
-        return None
-    per_step = roofline.ceiling_time_s(nbytes[bknown], np.where(fknown, flops, 0.0)[bknown], peak_bw, peak_fl)
-    return float(np.median(per_step) * 1e3)
 
 
 def _energy_na(fig: F.WindowFigures, why: str | None) -> str:

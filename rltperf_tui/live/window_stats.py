@@ -10,7 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from engine_adapters.definitions import roofline
 from engine_adapters.definitions.energy import CAVEATS
+from rltperf_tui.live.step_rings import MAX_DEPTH
 
 
 @dataclass
@@ -123,3 +127,32 @@ class IdleGap:
     after_step: int
     grown_stage: str | None
     grown_ms: float | None
+
+
+def loop_figures(
+    sums: dict[str, np.ndarray], n_keep: int, max_loops: int | None
+) -> tuple[list[int], float | None, list[float], list[float]]:
+    """Exit-depth histogram, mean exit depth, mean time and tokens per loop depth over
+    the window's matrix sums (``max_loops`` None: the deepest exit seen)."""
+    exit_hist = sums["exit"]
+    depth = int(np.max(np.nonzero(exit_hist)[0]) + 1) if exit_hist.any() else 0
+    max_loops = max_loops or depth
+    exit_list = [int(v) for v in exit_hist[: max(depth, max_loops or 0)]]
+    tot_exit = exit_hist.sum()
+    mean_depth = float((exit_hist * np.arange(1, MAX_DEPTH + 1)).sum() / tot_exit) if tot_exit else None
+    nl = max_loops or 0
+    loop_ms = [float(v) for v in sums["loop_ns"][:nl] / n_keep / 1e6] if n_keep and nl else []
+    loop_tk = [float(v) for v in sums["loop_tokens"][:nl] / n_keep] if n_keep and nl else []
+    return exit_list, mean_depth, loop_ms, loop_tk
+
+
+def ceiling_ms_p50(
+    nbytes: np.ndarray, flops: np.ndarray, keep: np.ndarray, peak_bw: float | None, peak_fl: float | None
+) -> float | None:
+    """Median per-step roofline ceiling time (ms) of the baseline steps with known bytes."""
+    bknown = ~np.isnan(nbytes) & keep
+    fknown = ~np.isnan(flops)
+    if not (bknown.any() and peak_bw):
+        return None
+    per_step = roofline.ceiling_time_s(nbytes[bknown], np.where(fknown, flops, 0.0)[bknown], peak_bw, peak_fl)
+    return float(np.median(per_step) * 1e3)

@@ -283,3 +283,50 @@ def test_window_sums_slid_forward_equal_a_fresh_window():
     inside = recs[-w.steps :]
     assert w.exit_hist == [sum(r.exit_hist[d] for r in inside) for d in range(4)]
     assert w.loop_ms_mean[0] == pytest.approx(sum(r.loop_ns[0] for r in inside) / len(inside) / MS)
+
+
+def _idle_gaps_by_hand(recs, w0_ns, threshold_ms, names, limit):
+    """The idle-gap list written out plainly with numpy (np.nanmedian, np.median)."""
+    win = [r for r in recs if r.end_ns > w0_ns]
+    start, end, ids = (np.array([getattr(r, f) for r in win]) for f in ("start_ns", "end_ns", "step_id"))
+    g = (start[1:] - end[:-1]).astype(np.float64)
+    g[np.diff(ids) != 1] = np.nan
+    if threshold_ms is None:
+        threshold_ms = max(1.0, 5 * float(np.nanmedian(g)) / 1e6)
+    stages = np.array([r.stage_ns for r in win], dtype=np.int64)
+    med = np.median(stages, axis=0)
+    out = []
+    for i in np.nonzero(g / 1e6 > threshold_ms)[0][::-1][:limit]:
+        delta = stages[i] - med
+        j = int(np.argmax(delta))
+        out.append((int(end[i]), float(g[i] / 1e6), int(ids[i]), names[j] if delta[j] > 0 else None))
+    return threshold_ms, out
+
+
+def test_idle_gaps_and_threshold_match_numpy_by_hand_as_the_window_moves():
+    # random step lengths, stage times, long gaps and dropped records; each check after
+    # a batch, and again after a heartbeat that moves the window with no new step
+    rng = np.random.default_rng(11)
+    names = ["schedule", "forward", "sample"]
+    recs, t, sid = [], 0, 0
+    for _ in range(3000):
+        sid += 1 + int(rng.random() < 0.02)  # a dropped record now and then
+        d = int(rng.integers(1, 4) * MS)
+        stage = [int(x) for x in rng.integers(0, d // 3, 3)]
+        recs.append(StepRecord(step_id=sid, start_ns=t, end_ns=t + d, stage_ns=stage))
+        t += d + int(rng.choice([MS // 5, MS // 4, 30 * MS], p=[0.5, 0.49, 0.01]))
+    a = TargetStats()
+    a.add([_hello()])
+    seen = 0
+    for k in (700, 1500, 2999):
+        a.add(recs[seen:k])
+        seen = k
+        for moved_ms in (0, 900):
+            if moved_ms:
+                a.add([Stats(ts_ns=recs[k - 1].end_ns + moved_ms * MS, in_step_since_ns=0)])
+            w0, _ = a.window_bounds(2.0)
+            thr, want = _idle_gaps_by_hand(recs[:k], w0, None, names, 8)
+            assert a.idle_gap_threshold_ms(2.0) == thr
+            got = a.idle_gaps(2.0, limit=8)
+            assert want and [(x.at_ns, x.length_ms, x.after_step, x.grown_stage) for x in got] == want
+            assert a.idle_gaps(2.0, threshold_ms=thr, limit=8) == got

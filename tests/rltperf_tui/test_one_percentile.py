@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine_adapters.definitions import figures as F
+from engine_adapters.definitions import order_stats
 from engine_adapters.definitions.records import EngineInfo, Hello, SessionEvent, Stats, StepRecord
 from rltperf_tui.analysis import stats as S
 from rltperf_tui.analysis.compare import _metric_values
@@ -68,3 +71,55 @@ def test_target_stats_reads_and_writes_through_its_parts() -> None:
     assert st.window_bounds(None)[1] == end + 500 * MS
     assert st.quiet_s == pytest.approx(0.5)
     assert st.window(None).span_s == pytest.approx((end + 500 * MS - 10**9) / 1e9)
+
+
+_SAMPLE = st.floats(allow_nan=True, allow_infinity=True, width=64) | st.sampled_from([0.0, -0.0, 1.0, 1e6])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    values=st.lists(_SAMPLE, min_size=1, max_size=300),
+    q=st.floats(min_value=0.0, max_value=100.0),
+)
+def test_pct_is_numpys_percentile_to_the_last_bit(values: list[float], q: float) -> None:
+    # pct and percentile skip np.percentile's per-call overhead (the screen asks for
+    # four sets at every tick) but must give its values exactly, NaN, infinities and
+    # the sign of a zero included
+    v = np.array(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        want = np.percentile(v, F.PERCENTILES)
+        got = F.pct(v)
+        one = F.percentile(v, q)
+        want_one = np.percentile(v, q)
+    assert np.array([got[f"p{p}"] for p in F.PERCENTILES]).tobytes() == want.tobytes()
+    assert np.float64(one).tobytes() == np.float64(want_one).tobytes()
+    assert v.tobytes() == np.array(values, dtype=np.float64).tobytes()  # the input is left alone
+
+
+def test_pct_of_integers_and_of_a_window_sized_sample_match_numpy() -> None:
+    rng = np.random.default_rng(7)
+    ints = rng.integers(0, 10**9, 1001)
+    assert F.pct(ints) == {
+        f"p{p}": float(x) for p, x in zip(F.PERCENTILES, np.percentile(ints, F.PERCENTILES), strict=True)
+    }
+    big = rng.lognormal(0, 1, 10_000)
+    assert np.array(list(F.pct(big).values())).tobytes() == np.percentile(big, F.PERCENTILES).tobytes()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.integers(min_value=1, max_value=6),
+    values=st.lists(st.integers(min_value=-(2**40), max_value=2**40), min_size=1, max_size=200),
+)
+def test_medians_of_integers_are_numpys_to_the_last_bit(rows: int, values: list[int]) -> None:
+    # the idle-gap threshold (median gap) and each stage's median in the window
+    m = np.array([values[i:] + values[:i] for i in range(rows)], dtype=np.int64)
+    want = np.median(m, axis=1)
+    assert order_stats.column_medians(m).tobytes() == want.tobytes()
+    kept = m.copy()
+    assert order_stats.column_medians(kept, overwrite_input=True).tobytes() == want.tobytes()
+    assert np.float64(order_stats.median(m[0])).tobytes() == np.float64(np.median(m[0])).tobytes()
+    # the same value as the median of the floats the gaps used to be
+    assert order_stats.median(m[0]) == np.median(m[0].astype(np.float64))
+    floats = m[0] / 7.0
+    assert np.float64(order_stats.median(floats)).tobytes() == np.float64(np.median(floats)).tobytes()

@@ -14,6 +14,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from engine_adapters.definitions import figures as F
 from rltperf_tui.tui.widgets._fmt import BLOCKS, STAGE_COLORS, STAGE_GLYPHS, Lines, ms, spark
 from rltperf_tui.tui.widgets.panel import Panel, PanelContext
 
@@ -86,7 +87,7 @@ class StepTimeline(Panel):
         # stall) would otherwise flatten every other column for the chart's whole span; it
         # is drawn to the top with a ↑ and its value is named under the chart.
         peak = float(np.nanmax(totals)) if valid.any() else 1.0
-        typical = float(np.nanpercentile(totals, 90)) * 1.5 if valid.sum() >= 8 else peak
+        typical = F.percentile(totals[valid], 90) * 1.5 if valid.sum() >= 8 else peak
         top = _nice_top(min(peak, typical))
         clipped = valid & (np.nan_to_num(totals) > top * 1.001)
         unit = top / (chart_h * 8)  # ms per eighth
