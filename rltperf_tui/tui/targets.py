@@ -60,6 +60,14 @@ IDLE_READ_S = 1.0
 ``READ_S`` the worker of an idle vLLM server view woke 6.8 times a second for 0.97 ms of
 CPU a second (per-thread ``schedstat``): a thread's wake costs ~0.1 ms on this kind of
 machine."""
+PACE_RECORDS = 200
+PACE_S = 0.2
+"""After a read that brought fewer than ``PACE_RECORDS`` records, the worker lets the
+stream gather in the socket for up to ``PACE_S`` (never past the next batch, which is
+what the screen waits for) instead of waking at each of the probe's 20 sends a second:
+at 1 000 steps/s the reader thread woke 20 times a second, ~0.2 ms a wake.  Only a
+stream slower than ~4 000 records/s pauses, so at most ~800 records (~110 KB) wait
+in the socket; a faster one is read as it comes."""
 HUNG_AFTER_S = 3.5
 """A probe target that sends nothing (not even its ~1 s heartbeat) this long is shown
 as hung, its figures as stale."""
@@ -190,6 +198,8 @@ def ingest(h: TargetHandle, options: dict[str, Any], wait: bool, post: Post) -> 
                 next_flush = now + BATCH_S
         if ended:
             return
+        if 0 < len(recs) < PACE_RECORDS:
+            time.sleep(min(PACE_S, max(0.0, next_flush - time.monotonic())))
 
 
 def deliver(

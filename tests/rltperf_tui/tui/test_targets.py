@@ -64,3 +64,48 @@ async def test_the_worker_of_a_quiet_target_sleeps_until_records_come(
     # ~2 wakes a heartbeat (its record, then the batch's flush) and the odd GIL wait: 9 in
     # 4 s; reading at most READ_S (0.25 s) at a time, as before, it woke 20 times
     assert wakes <= 3.5 * span, (wakes, span)
+
+
+@sync
+async def test_the_worker_of_a_busy_target_reads_in_batches_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 1 000 steps/s the probe sends 20 times a second; the worker lets a slow stream
+    gather in the socket (``PACE_RECORDS``, ``PACE_S``) instead of reading each send as
+    it comes, and every step still reaches the aggregate, in order, with no id missing."""
+    from rltperf_tui.tui.targets import TargetHandle
+    from tests.conftest import LOOP_ENGINE, start_engine
+
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--rate", "1000", "--no-warm",
+                        "--snapshots", str(tmp_path / "snapshots")])  # fmt: skip
+    reads: list[int] = []
+    real = TargetHandle.read
+
+    def counted(self: TargetHandle, timeout: float) -> list[Any]:
+        recs = real(self, timeout)
+        if recs:
+            reads.append(len(recs))
+        return recs
+
+    monkeypatch.setattr(TargetHandle, "read", counted)
+    try:
+        app = MonitorApp([f"tcp://{eng.address}"], refresh_hz=2)
+        async with app.run_test(size=(100, 30)):
+            h = app.handles[0]
+            deadline = time.monotonic() + 30
+            while len(h.stats.steps) < 500 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert len(h.stats.steps) >= 500, h.stats.state
+            r0, s0, t0 = len(reads), h.stats.steps.n, time.monotonic()
+            await asyncio.sleep(4.0)
+            n_reads, steps, span = len(reads) - r0, h.stats.steps.n - s0, time.monotonic() - t0
+            ids = h.stats.steps.last("step_id")
+    finally:
+        eng.stop()
+    print(f"{n_reads} reads with records, {steps} steps in {span:.1f} s")
+    assert steps > 500 * span, steps  # the engine ran at pace and the worker kept up
+    assert h.stats.id_gaps == 0 and h.stats.dropped == 0
+    assert (ids[1:] - ids[:-1] == 1).all()
+    # a read for each of the probe's 20 sends a second before (78 in 4 s); now two or
+    # three a batch (38, 39)
+    assert n_reads <= 14 * span, (n_reads, span)
