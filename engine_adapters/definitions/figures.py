@@ -15,7 +15,9 @@ A window runs from ``w0`` to ``w1`` on the probe's clock:
   stops answering altogether (hung), ``w1`` stops too and the monitor shows the
   figures as stale, never as current.
 - ``w0`` is ``w1 − seconds`` (live), or the recording's first timestamp (summary),
-  but never before the stream's first timestamp.
+  but never before the stream's first timestamp, nor before the oldest step a live
+  monitor's ring still keeps (a stream faster than the ring holds for the window:
+  ``StepWindows.bounds``; the window is then shorter, and says so).
 
 Each step owns the time from the previous step's end to its own end (its gap and
 itself): those intervals tile the stream.  Steps that do not measure the engine as it

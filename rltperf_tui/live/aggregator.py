@@ -218,8 +218,8 @@ class TargetStats:
 
     def window_bounds(self, seconds: float | None) -> tuple[int, int]:
         """``(w0, w1)`` of the window over the last ``seconds`` (None: the whole stream),
-        probe clock (``StreamClock.window_bounds``)."""
-        return self.clock.window_bounds(seconds)
+        probe clock, within the steps still kept (``StepWindows.bounds``)."""
+        return self.windows.bounds(seconds)
 
     def kept_seconds(self) -> float | None:
         """The window that holds exactly what the step ring still keeps
@@ -253,7 +253,7 @@ class TargetStats:
         capture's export owns most of it: ``figures.blind``) gives the figures of the
         newest such window that was not, with ``stale_s`` set (``figures.HeldFigures``)."""
         info = self.info
-        since = self.clock.window_bounds(seconds)[0] if seconds is not None else None
+        since = self.window_bounds(seconds)[0] if seconds is not None else None
         w = self.windows.window(
             seconds,
             slo_ttft_ms,
@@ -271,7 +271,7 @@ class TargetStats:
         held = self._held.get(key)
         if held is None:
             held = self._held[key] = HeldFigures()
-        shown, age = held.show(w, w.blind, self.clock.window_bounds(seconds)[1])
+        shown, age = held.show(w, w.blind, self.window_bounds(seconds)[1])
         if age is None:
             return w
         return replace(

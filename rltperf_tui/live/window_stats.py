@@ -68,6 +68,10 @@ class Window:
     """Data time since the newest step ended (0 while steps come)."""
     in_step_idle: float | None = None
     """1 − Σ busy / Σ step time over the window's steps (the verdict's input)."""
+    ring_cut: bool = False
+    """The step ring no longer holds the window's oldest steps (a stream faster than the
+    ring holds for the window): the window is ``span_s``, the steps kept, not ``seconds``
+    (``StepWindows.bounds``)."""
     blind: bool = False
     """Excluded steps own more than half of this window (``figures.blind``: a capture's
     export longer than the window): its own figures stand on too little."""

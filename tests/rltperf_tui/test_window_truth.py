@@ -137,3 +137,37 @@ def test_figures_by_hand_straddling_steps_count_by_their_inside_part() -> None:
     lo = owned_from(start + 10 * MS, end, -5)
     assert list(lo) == [-5, 100 * MS, 200 * MS]  # the first from t0, then the previous end
     assert EXCLUDED_FLAGS & FLAG_EXPORTING
+
+
+def test_a_stream_faster_than_the_ring_holds_reads_its_true_rate_and_idle() -> None:
+    # 10,000 steps/s (50 us steps, 50 us gaps, busy the whole step: idle 50 %) for 0.5 s
+    # into a ring of 1,024 steps (~0.1 s): the 10 s window may only span what is kept.
+    # Before, it counted 0.5 s of time against 0.1 s of steps: 2,048 steps/s, idle 90 %.
+    from engine_adapters.definitions.records import EngineInfo, Hello, StepRecord
+    from rltperf_tui.live.aggregator import TargetStats
+
+    us = 1000
+    st = TargetStats(capacity=1024)
+    st.add([Hello(schema=1, engine=EngineInfo(name="fast"), stage_names=[])])
+    steps = [
+        StepRecord(step_id=i, start_ns=10**9 + i * 100 * us, end_ns=10**9 + i * 100 * us + 50 * us,
+                   busy_ns=50 * us, out_tokens=2)
+        for i in range(5000)
+    ]  # fmt: skip
+    for i in range(0, 5000, 250):
+        st.add(steps[i : i + 250])
+    assert st.steps.n == 5000 and len(st.steps) == 1024
+    w = st.window(10.0)
+    oldest = steps[5000 - 1024]
+    assert st.window_bounds(10.0) == (oldest.start_ns, steps[-1].end_ns)
+    assert w.span_s == pytest.approx((steps[-1].end_ns - oldest.start_ns) / 1e9)
+    assert w.steps == 1024 and w.ring_cut
+    assert w.steps_per_s == pytest.approx(10_000, rel=1e-3)
+    assert w.tokens_per_s == pytest.approx(20_000, rel=1e-3)
+    assert w.idle_fraction == pytest.approx(0.5, abs=1e-3)
+    # a stream the ring holds whole is unchanged: its window starts at the first step
+    slow = TargetStats(capacity=8192)
+    slow.add([Hello(schema=1, engine=EngineInfo(name="fast"), stage_names=[]), *steps])
+    assert slow.window_bounds(10.0)[0] == steps[0].start_ns
+    ws = slow.window(10.0)
+    assert ws.steps_per_s == pytest.approx(10_000, rel=1e-3) and not ws.ring_cut

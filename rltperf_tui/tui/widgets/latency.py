@@ -14,6 +14,9 @@ class LatencyPanel(Panel):
     """
 
     def panel_title(self, ctx: PanelContext) -> str:
+        w = ctx.window
+        if w.ring_cut:  # a stream faster than the ring holds for the window
+            return f"Latency · P50/P95/P99 · last {w.span_s:.1f} s: all the ring keeps"
         return f"Latency · P50/P95/P99 of pooled samples · last {ctx.window_s:g} s"
 
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:

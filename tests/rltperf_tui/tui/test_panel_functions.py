@@ -64,6 +64,15 @@ def test_latency_panel_is_a_function_of_its_view():
     assert _text(panel, ctx, 80, 8) == text
     new_row = next(ln for ln in _text(panel, _ctx(st), 80, 8).splitlines() if ln.startswith("step"))
     assert new_row.split()[3] == "20.0"  # p99 of the newer steps
+    assert panel.panel_title(_ctx(st)).endswith("last 10 s")
+
+
+def test_latency_title_says_when_the_ring_holds_less_than_the_window():
+    st = TargetStats(capacity=1024)
+    st.add([_hello(), SessionEvent(state="connected"), *_steps(3000, 1, 0)])  # 3 s of 1 ms steps
+    ctx = _ctx(st)
+    assert ctx.window.ring_cut and ctx.window.steps == 1024
+    assert LatencyPanel().panel_title(ctx) == "Latency · P50/P95/P99 · last 1.0 s: all the ring keeps"
 
 
 def test_device_panel_lists_the_gaps_of_its_view():
