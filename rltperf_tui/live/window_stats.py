@@ -14,6 +14,7 @@ import numpy as np
 
 from engine_adapters.definitions import roofline
 from engine_adapters.definitions.energy import CAVEATS
+from engine_adapters.definitions.order_stats import median
 from rltperf_tui.live.step_rings import MAX_DEPTH
 
 
@@ -159,4 +160,4 @@ def ceiling_ms_p50(
     if not (bknown.any() and peak_bw):
         return None
     per_step = roofline.ceiling_time_s(nbytes[bknown], np.where(fknown, flops, 0.0)[bknown], peak_bw, peak_fl)
-    return float(np.median(per_step) * 1e3)
+    return median(per_step) * 1e3
