@@ -44,7 +44,7 @@ class DevicePanel(Panel):
     """
 
     def panel_title(self, ctx: PanelContext) -> str:
-        return f"Device · idle = 1 - Σbusy/W (probe events) · last {ctx.window_s:g} s"
+        return f"Device · idle = 1 - Σbusy/W (probe events) · {ctx.window_span}"
 
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         st = ctx.stats

@@ -15,7 +15,7 @@ class LoopsPanel(Panel):
     """
 
     def panel_title(self, ctx: PanelContext) -> str:
-        return f"Loops & speculation · sums/means per step · last {ctx.window_s:g} s"
+        return f"Loops & speculation · sums/means per step · {ctx.window_span}"
 
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         w = ctx.window

@@ -126,6 +126,15 @@ class PanelContext:
     no_color: bool = False
     """Draw without colour (``NO_COLOR``): charts tell their parts apart by glyph."""
 
+    @property
+    def window_span(self) -> str:
+        """What the window's figures cover, for a title: "last 10 s", or the shorter span
+        the step ring still holds when the stream is faster than it keeps for the window
+        (``Window.ring_cut``)."""
+        if self.window.ring_cut:
+            return f"last {self.window.span_s:.1f} s"
+        return f"last {self.window_s:g} s"
+
 
 _WAITING: Row = (("waiting for data…", "$text-muted"),)
 

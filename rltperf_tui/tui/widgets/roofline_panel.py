@@ -22,7 +22,7 @@ class RooflinePanel(Panel):
     """
 
     def panel_title(self, ctx: PanelContext) -> str:
-        return f"Bandwidth & roofline · sums over last {ctx.window_s:g} s"
+        return f"Bandwidth & roofline · sums over {ctx.window_span}"
 
     def body(self, ctx: PanelContext, width: int, height: int) -> Lines:
         w = ctx.window

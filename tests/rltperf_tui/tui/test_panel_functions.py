@@ -23,7 +23,9 @@ from rltperf_tui.tui.widgets._fmt import STAGE_GLYPHS, ms, si
 from rltperf_tui.tui.widgets.captures import CapturesPanel
 from rltperf_tui.tui.widgets.device import DevicePanel, gap_rows
 from rltperf_tui.tui.widgets.latency import LatencyPanel
+from rltperf_tui.tui.widgets.loops import LoopsPanel
 from rltperf_tui.tui.widgets.panel import Panel, PanelContext
+from rltperf_tui.tui.widgets.roofline_panel import RooflinePanel
 from rltperf_tui.tui.widgets.server_metrics import ServerMetricsPanel
 from rltperf_tui.tui.widgets.server_totals import ServerTotalsPanel
 from rltperf_tui.tui.widgets.step_timeline import StepTimeline, timeline_columns
@@ -73,6 +75,10 @@ def test_latency_title_says_when_the_ring_holds_less_than_the_window():
     ctx = _ctx(st)
     assert ctx.window.ring_cut and ctx.window.steps == 1024
     assert LatencyPanel().panel_title(ctx) == "Latency · P50/P95/P99 · last 1.0 s: all the ring keeps"
+    # the other window panels name the span they cover, not the 10 s asked for
+    for panel in (DevicePanel(), RooflinePanel(), LoopsPanel()):
+        assert panel.panel_title(ctx).endswith(" last 1.0 s"), panel.panel_title(ctx)
+        assert panel.panel_title(_ctx(_stats(_steps(100, 10, 0)))).endswith(" last 10 s")
 
 
 def test_device_panel_lists_the_gaps_of_its_view():
