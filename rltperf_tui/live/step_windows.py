@@ -102,10 +102,15 @@ class StepWindows:
         """The window that holds exactly what the step ring still keeps: None (the whole
         stream) until the ring has overwritten old steps, then from the oldest kept
         step's start to now.  Whole-stream figures of a bounded ring use it."""
+        oldest = self._oldest_kept_ns()
+        return None if oldest is None else max(0.0, (self.clock.vouched_ns - oldest) / 1e9)
+
+    def _oldest_kept_ns(self) -> int | None:
+        """Start of the oldest step still kept, once the ring has overwritten older ones
+        (None: it holds the whole stream)."""
         if self.steps.n <= len(self.steps) or not len(self.steps):
             return None
-        oldest = int(self.steps.last("start", len(self.steps))[0])
-        return max(0.0, (self.clock.vouched_ns - oldest) / 1e9)
+        return int(self.steps.last("start", len(self.steps))[0])
 
     def bounds(self, seconds: float | None) -> tuple[int, int]:
         """``(w0, w1)`` of the window over the last ``seconds`` (None: the whole stream):
@@ -115,8 +120,8 @@ class StepWindows:
         it overwrote with none of their steps, busy time or tokens: at ~20 000 steps/s
         the screen read 3 277 steps/s and idle 90 %."""
         w0, w1 = self.clock.window_bounds(seconds)
-        if self.steps.n > len(self.steps):  # older steps were overwritten
-            oldest = int(self.steps.last("start", len(self.steps))[0])
+        oldest = self._oldest_kept_ns()
+        if oldest is not None:
             w0 = min(max(w0, oldest), w1)
         return w0, w1
 

@@ -143,7 +143,7 @@ def test_a_stream_faster_than_the_ring_holds_reads_its_true_rate_and_idle() -> N
     # 10,000 steps/s (50 us steps, 50 us gaps, busy the whole step: idle 50 %) for 0.5 s
     # into a ring of 1,024 steps (~0.1 s): the 10 s window may only span what is kept.
     # Before, it counted 0.5 s of time against 0.1 s of steps: 2,048 steps/s, idle 90 %.
-    from engine_adapters.definitions.records import EngineInfo, Hello, StepRecord
+    from engine_adapters.definitions.records import EngineInfo, Hello, Stats, StepRecord
     from rltperf_tui.live.aggregator import TargetStats
 
     us = 1000
@@ -165,6 +165,13 @@ def test_a_stream_faster_than_the_ring_holds_reads_its_true_rate_and_idle() -> N
     assert w.steps_per_s == pytest.approx(10_000, rel=1e-3)
     assert w.tokens_per_s == pytest.approx(20_000, rel=1e-3)
     assert w.idle_fraction == pytest.approx(0.5, abs=1e-3)
+    # the engine goes quiet for 0.3 s (a heartbeat between steps): the window runs on from
+    # the oldest kept step to the heartbeat, the same busy time over a longer wall time
+    quiet_to = steps[-1].end_ns + 300_000 * us
+    st.add([Stats(ts_ns=quiet_to, in_step_since_ns=0)])
+    q = st.window(10.0)
+    assert q.ring_cut and q.steps == 1024
+    assert q.idle_fraction == pytest.approx(1 - 1024 * 50 * us / (quiet_to - oldest.start_ns), abs=1e-6)
     # a stream the ring holds whole is unchanged: its window starts at the first step
     slow = TargetStats(capacity=8192)
     slow.add([Hello(schema=1, engine=EngineInfo(name="fast"), stage_names=[]), *steps])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,13 @@ def _wakes(tid: int) -> int:
             if line.startswith("voluntary_ctxt_switches:"):
                 return int(line.split()[1])
     raise AssertionError("no voluntary_ctxt_switches")
+
+
+async def _until(ready: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Let the app run until ``ready()`` or ``timeout`` seconds (the caller asserts)."""
+    deadline = time.monotonic() + timeout
+    while not ready() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
 
 
 @sync
@@ -49,9 +57,7 @@ async def test_the_worker_of_a_quiet_target_sleeps_until_records_come(
         app = MonitorApp([f"tcp://{probe.address}"], refresh_hz=2)
         async with app.run_test(size=(100, 30)):
             h = app.handles[0]
-            deadline = time.monotonic() + 30
-            while (not tids or h.stats.state != "connected") and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
+            await _until(lambda: bool(tids) and h.stats.state == "connected")
             assert tids and h.stats.state == "connected", h.stats.state
             await asyncio.sleep(1.5)  # past the hello's batch
             w0, n0, t0 = _wakes(tids[0]), h.handled, time.monotonic()
@@ -92,9 +98,7 @@ async def test_the_worker_of_a_busy_target_reads_in_batches_and_loses_nothing(
         app = MonitorApp([f"tcp://{eng.address}"], refresh_hz=2)
         async with app.run_test(size=(100, 30)):
             h = app.handles[0]
-            deadline = time.monotonic() + 30
-            while len(h.stats.steps) < 500 and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
+            await _until(lambda: len(h.stats.steps) >= 500)
             assert len(h.stats.steps) >= 500, h.stats.state
             r0, s0, t0 = len(reads), h.stats.steps.n, time.monotonic()
             await asyncio.sleep(4.0)
