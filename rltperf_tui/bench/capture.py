@@ -257,14 +257,11 @@ busy machine (the 90 s used until 2026-12-04 left no margin for it)."""
 def _settle(feed: Feed, mb: Any) -> float | None:
     """Read until the engine's RSS has stayed within 0.5 MB for three reads 2 s apart;
     the seconds that took (None: still growing after ``SETTLE_MAX_S``, or unknown).  A
-    fresh engine with a probe grows until the probe's step ring (8,192 slots) has been
-    written once: each slot keeps its step's marks and the engine's per-step extras (the
-    reference engine's cost dicts and per-loop lists) until the slot is reused, beside the
-    reader's last 4,096 ``StepRecord``s.  The reference engine under closed:4 (~144
-    steps/s) grows ~13 MB that way and is flat from ~75 s on (``gc.get_objects`` at 40 and
-    80 s: +10,761 lists and +3,405 dicts, held by slots' extras; ``sys.getallocatedblocks``
-    flat after 75 s), so this wait is most of the memory run.  Counted during that growth,
-    the captures were charged with part of it, and the control after them missed it."""
+    fresh engine grows until its probe's 8,192-slot step ring is written once (a slot
+    keeps its step's extras until reused) beside the reader's 4,096 ``StepRecord``s: the
+    reference engine under closed:4 (~144 steps/s) grows ~13 MB and is flat from ~75 s
+    (gc at 40 -> 80 s: +10,761 lists, +3,405 dicts held by slots' extras).  Counted
+    during that growth, the captures were charged with part of it."""
     t0 = time.monotonic()
     seen: list[float] = []
     while time.monotonic() - t0 < SETTLE_MAX_S:
