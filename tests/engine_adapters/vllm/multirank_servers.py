@@ -41,7 +41,7 @@ def start(root: Path, layout: list[str], extra_env: dict[str, str] | None = None
     prof, tmp, faults, run = root / "prof", root / "tmp", root / "faults", root / "run"
     for d in (prof, tmp, faults):
         d.mkdir()  # (``run`` is made by the plugin: 0700, or it announces nothing)
-    port, probe = free_port(), f"127.0.0.1:{free_port()}"
+    port, probe = free_port(), f"127.0.0.1:{free_port(2)}"  # a DP rank's probe: base + rank
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", VLLM_CPU_KVCACHE_SPACE="1",
                VLLM_CACHE_ROOT=str(tmp / "vllm-cache"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),

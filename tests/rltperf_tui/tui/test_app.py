@@ -473,8 +473,18 @@ async def test_replay_shows_position_length_speed_and_pause() -> None:
         assert total == pytest.approx(span, abs=0.051)  # shown to a tenth
         assert 0 < pos < total and rest.startswith("4× ▶")
         await pilot.press("p")
-        await pilot.pause(0.3)
-        paused_at, _, rest = _replay_clock(str(bar.render().plain))
+        # The position is the last record read: a reader behind the replay clock when it
+        # stopped still reads up to it (a parallel run: 8.2 s shown 0.3 s after `p`, 8.4 s
+        # 0.8 s later).  Once two looks 0.3 s apart agree it is there; playing on, it
+        # would move 1.2 s between them.
+        paused_at, rest = -1.0, ""
+        for _ in range(30):
+            await pilot.pause(0.3)
+            app.force_render()
+            at, _, rest = _replay_clock(str(bar.render().plain))
+            if at == paused_at:
+                break
+            paused_at = at
         assert "❚❚ paused" in rest and paused_at >= pos
         await pilot.pause(0.8)  # 3.2 s of data at 4x, were it playing
         app.force_render()
