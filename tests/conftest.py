@@ -10,8 +10,10 @@ and how to add a kind.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -69,6 +71,36 @@ class EngineProc:
         """What the engine wrote to stderr so far."""
         with open(self.log_path, errors="replace") as f:
             return f.read()
+
+
+def free_ports(n: int = 1) -> int:
+    """The first of ``n`` consecutive TCP ports free on loopback now, below the kernel's
+    ephemeral range: a vLLM server binds its ports tens of seconds after they were
+    chosen, and a port the kernel had handed out (``bind(0)``) could meanwhile go to any
+    process's connection, and a listener on port 0 (another test's engine) lands in that
+    range too.  A parallel run lost a DP 2 server's second probe that way (base + 1:
+    "Address already in use"; the plugin's DP probes are base + DP rank)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    lo, hi = (20000, ephemeral - n) if ephemeral - n > 21000 else (1024, ephemeral - n)
+    pick = random.SystemRandom()
+    for _ in range(500):
+        base = pick.randrange(lo, hi)
+        if all(_bindable(base + i) for i in range(n)):
+            return base
+    raise RuntimeError(f"no {n} consecutive free ports found in {lo}..{hi}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 ADDRESS_RE = re.compile(r"(?:^ADDRESS |tcp://)(\[[^\]]+\]:\d+|[^\s/:]+:\d+)")

@@ -23,7 +23,7 @@ from engine_adapters.monitor.discover import (
     parse_range,
     scan,
 )
-from tests.conftest import LOOP_ENGINE, start_engine
+from tests.conftest import LOOP_ENGINE, free_ports, start_engine
 
 LONG_S = 20.0
 """A connect timeout no refused port may cost."""
@@ -34,27 +34,6 @@ TRY_S = 1.0
 BUSY_TRY_S = 3.0
 """The identification timeout against a stopped engine: the time a just-resumed engine
 has to answer the hello, on a loaded machine."""
-
-
-def free_block(n: int) -> int:
-    """The first port of ``n`` consecutive ports free on loopback right now."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as t:
-                try:
-                    t.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no block of free ports")
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -100,7 +79,7 @@ def test_closed_ports_cost_no_timeout() -> None:
     the connect timeout per port (or at all).  The timeout is set long here so that the
     claim is a ratio to it, whatever the machine's load: a scan that waited would take
     at least the whole timeout."""
-    base = free_block(100)
+    base = free_ports(100)
     t0 = time.monotonic()
     res = scan(PortRange("127.0.0.1", base, base + 99), connect_timeout=LONG_S)
     took = time.monotonic() - t0
@@ -110,7 +89,7 @@ def test_closed_ports_cost_no_timeout() -> None:
 
 
 def test_finds_the_probe_and_not_the_plain_http_server(plain_http: int) -> None:
-    base = free_block(100)
+    base = free_ports(100)
     eng = start_engine([str(LOOP_ENGINE), "--listen", f"127.0.0.1:{base + 7}", "--duration", "60", "--no-warm",
                         "--prometheus-port", str(base + 8)])  # fmt: skip
     prom_line = eng.proc.stdout.readline() if eng.proc.stdout else ""

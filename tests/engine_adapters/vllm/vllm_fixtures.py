@@ -14,10 +14,8 @@ import contextlib
 import importlib.util
 import json
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +27,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+if str(ROOT) not in sys.path:  # run as a script (``python vllm_fixtures.py DIR``)
+    sys.path.insert(0, str(ROOT))
+from tests.conftest import free_ports as free_port  # noqa: E402
+
 START_TIMEOUT_S = 600.0
 """A start takes 50-100 s on an idle 2-core machine; one under a load of 27 missed 300 s."""
 MODEL_NAME = "tiny"
@@ -50,35 +52,6 @@ def plugin_missing_reason() -> str | None:
     if "rltperf" not in names:
         return "rltperf's vllm.general_plugins entry point is not installed: run `pip install -e .`"
     return None
-
-
-def free_port(n: int = 1) -> int:
-    """The first of ``n`` consecutive TCP ports free on loopback now, below the kernel's
-    ephemeral range: a vLLM server binds its ports tens of seconds after they were
-    chosen, and a port the kernel had handed out (``bind(0)``) could meanwhile go to any
-    process's connection.  A parallel run lost a DP 2 server's second probe that way
-    (base + 1: "Address already in use"; the plugin's DP probes are base + DP rank)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
-            ephemeral = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral = 32768
-    lo, hi = (20000, ephemeral - n) if ephemeral - n > 21000 else (1024, ephemeral - n)
-    pick = random.SystemRandom()
-    for _ in range(500):
-        base = pick.randrange(lo, hi)
-        if all(_bindable(base + i) for i in range(n)):
-            return base
-    raise RuntimeError(f"no {n} consecutive free ports found in {lo}..{hi}")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @dataclass
