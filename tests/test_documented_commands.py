@@ -51,7 +51,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, start_engine
+from tests.conftest import ROOT, free_ports, start_engine
 
 README = ROOT / "README.md"
 ENGINE_DURATION_S = "3"
@@ -319,7 +319,7 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixtures]:
             "rltperf_tui.cli",
             "engine",
             "--listen",
-            "127.0.0.1:0",
+            f"127.0.0.1:{free_ports()}",  # the --auto ranges around it hold no port-0 listener
             "--workload",
             "closed:4,in=32,out=16",
             "--duration",

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from rltperf_tui.commands.headless import EXIT_TARGETS_ENDED, EXTRA_KEYS
-from tests.conftest import LOOP_ENGINE, ROOT, EngineProc, run_rltperf, start_engine
+from tests.conftest import LOOP_ENGINE, ROOT, EngineProc, free_ports, run_rltperf, start_engine
 from tests.test_documented_commands import run_tui
 
 RATE = 100
@@ -51,7 +51,10 @@ def _summary_keys(target: str, tmp: Path) -> set[str]:
 
 
 def _paced(tmp: Path, duration: float) -> EngineProc:
-    return start_engine([str(LOOP_ENGINE), "--rate", str(RATE), "--duration", str(duration), "--no-warm",
+    # below the ephemeral range (free_ports): no other test's port-0 listener can fall in
+    # the --auto scans around it, nor be "found" there once it is gone
+    return start_engine([str(LOOP_ENGINE), "--listen", f"127.0.0.1:{free_ports()}", "--rate", str(RATE),
+                         "--duration", str(duration), "--no-warm",
                          "--requests-every", "8", "--out", str(tmp / "truth.json"),
                          "--snapshots", str(tmp / "snap")])  # fmt: skip
 
@@ -138,7 +141,7 @@ def test_auto_finds_the_engine_and_streams_it(tmp_path: Path) -> None:
         lo, hi = max(1, port - 50), min(65535, port + 49)
         listed = run_rltperf("attach", "--auto", f"{lo}-{hi}", "--list")
         assert listed.returncode == 0, listed.stderr
-        # (other tests' engines may listen in the range too: ours must be there)
+        # (another test's engine may listen in the range too: ours must be there)
         assert (
             f"{eng.target}  rltperf probe: test-loop, mlp-256, RANDOM WEIGHTS" in listed.stdout.splitlines()
         )

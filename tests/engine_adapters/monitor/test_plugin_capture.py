@@ -21,7 +21,7 @@ from engine_adapters.definitions.records import (
 )
 from engine_adapters.monitor.base import AdapterError
 from engine_adapters.monitor.vllm.plugin_capture import PluginCapture
-from tests.conftest import LOOP_ENGINE, start_engine
+from tests.conftest import LOOP_ENGINE, free_ports, start_engine
 
 
 def _follow(probe: str, steps: int) -> tuple[PluginCapture, list[Record], threading.Event]:
@@ -66,11 +66,7 @@ def test_a_probe_that_goes_away_mid_capture_fails_it_with_a_sentence(tmp_path: A
 
 
 def test_an_unreachable_probe_raises_for_the_session_to_say(tmp_path: Any) -> None:
-    import socket
-
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_ports()  # a port nobody listens on (no port-0 listener lands there)
     cap = PluginCapture(f"127.0.0.1:{port}", lambda _r: None, lambda _c: None, None)
     with pytest.raises(AdapterError):
         cap.request(4, "ops", None, None)

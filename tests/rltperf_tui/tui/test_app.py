@@ -6,7 +6,6 @@ import gzip
 import importlib.util
 import json
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from rltperf_tui.tui.widgets.roofline_panel import RooflinePanel
 from rltperf_tui.tui.widgets.status_bar import StatusBar
 from rltperf_tui.tui.widgets.step_timeline import StepTimeline
 from rltperf_tui.tui.widgets.target_header import TargetHeader
-from tests.conftest import LOOP_ENGINE, ROOT, start_engine
+from tests.conftest import LOOP_ENGINE, ROOT, free_ports, start_engine
 from tests.rltperf_tui.tui._uihelpers import (
     RECORDING,
     drawn_at_final_size,
@@ -39,12 +38,6 @@ from tests.rltperf_tui.tui._uihelpers import (
 NUM = r"\d+\.\d+"
 MS = r"\d+(?:\.\d+)?"
 """A figure as ms() prints it: decimals below 100 ms, none from 100 ms (a loaded machine's TTFT)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _trace_steps(bundle: Path) -> set[str]:
@@ -139,7 +132,7 @@ async def test_record_key_writes_a_readable_recording(paced_engine, tmp_path: Pa
 
 @sync
 async def test_engine_restart_shows_reconnecting_and_resumes(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_ports()
     args = [str(LOOP_ENGINE), "--listen", f"127.0.0.1:{port}", "--duration", "60", "--rate", "200",
             "--no-warm", "--snapshots", str(tmp_path)]  # fmt: skip
     eng = start_engine(args)
@@ -163,7 +156,7 @@ async def test_engine_restart_shows_reconnecting_and_resumes(tmp_path: Path) -> 
 
 @sync
 async def test_unreachable_target_is_a_message_not_a_traceback() -> None:
-    port = _free_port()
+    port = free_ports()
     app = MonitorApp([f"tcp://127.0.0.1:{port}"], wait=False)
     async with app.run_test(size=(80, 24)) as pilot:
         h = app.handles[0]
@@ -174,7 +167,7 @@ async def test_unreachable_target_is_a_message_not_a_traceback() -> None:
 
 
 def test_attach_cli_unreachable_exits_with_a_sentence() -> None:
-    port = _free_port()
+    port = free_ports()
     p = subprocess.run([sys.executable, "-m", "rltperf_tui.cli", "attach", f"tcp://127.0.0.1:{port}"],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
     assert p.returncode == 1

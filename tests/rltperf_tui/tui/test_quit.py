@@ -24,7 +24,7 @@ import pytest
 from engine_adapters.definitions.records import StepRecord
 from engine_adapters.monitor.recording import RecordingReader
 from engine_adapters.monitor.tcp import HELLO_TIMEOUT_S
-from tests.conftest import LOOP_ENGINE, ROOT, start_engine
+from tests.conftest import LOOP_ENGINE, ROOT, free_ports, start_engine
 
 pty = pytest.importorskip("pty")
 
@@ -64,12 +64,6 @@ class HungServer:
         self.sock.close()
         for c in self.held:
             c.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _drain(fd: int, seconds: float, out: list[bytes]) -> None:
@@ -131,7 +125,7 @@ def test_q_quits_at_once_with_hung_and_reconnecting_targets() -> None:
     three closed ports, measured in this same test: the difference is a ratio to the
     hello timeout the defect waited, not a bound the machine's load could break (the old
     "within 1 s + 2 s slack" failed under load)."""
-    closed = [_free_port() for _ in range(3)]
+    closed = [free_ports() for _ in range(3)]
     plain = [
         f"vllm+http://127.0.0.1:{closed[0]}",
         f"tcp://127.0.0.1:{closed[1]}",
