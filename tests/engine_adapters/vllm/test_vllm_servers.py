@@ -141,7 +141,7 @@ def test_kinds_run_grouped_once_each_and_stop_after_their_last_user(tmp_path: Pa
 
 
 def test_in_a_parallel_run_one_worker_runs_every_kind_user_in_order(tmp_path: Path) -> None:
-    """``-n 2 --dist loadgroup`` (the README's test command): the tests using a kind all
+    """``-n 2 --dist loadgroup`` (the README's parallel mode): the tests using a kind all
     run on one worker, in the serial order, so each kind starts once; each worker
     announces into its own runtime directory; the controller sums the workers' starts."""
     trace = _write_suite(tmp_path)

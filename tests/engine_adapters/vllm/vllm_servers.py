@@ -42,7 +42,7 @@ Announcements go to a private runtime directory of the session
 (``RLTPERF_RUNTIME_DIR``, set for the test process and the servers alike), so no other
 server on the machine and no earlier run is seen.
 
-Parallel runs (``pytest -n N --dist loadgroup``; the README's command uses ``-n 2``).
+Parallel runs (``pytest -n N --dist loadgroup``; the README's command stays serial).
 Every test that uses a kind is also marked ``xdist_group("vllm-servers")``, so
 pytest-xdist sends all of them, in the order above, to one worker: that worker's pool is
 the only one, no server starts twice and at most two are up at once, while the other
