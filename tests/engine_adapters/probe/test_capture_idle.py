@@ -217,11 +217,23 @@ def test_window_racing_its_idle_timeout_always_ends(tmp_path):
             outcomes.append(seen[-1])
         stop_toggling.set()
         t.join(5)
-        # a capture with the engine stepping steadily is complete afterwards
+        # a capture with the engine stepping steadily is complete afterwards.  Up to three
+        # tries: a thread starved > 0.3 s beside a saturated machine (a parallel run: 3 of
+        # 5 steps) ends a window as partial, rightly; a controller left broken by the race
+        # would fail all three
         eng.go.set()
-        cid = s.request_capture(5, "ops")
-        seen = _until(s, cid, (CaptureDone, CaptureFailed, Refused), 60)
-        assert isinstance(seen[-1], CaptureDone) and seen[-1].steps_captured == 5 and seen[-1].note is None
+        steady = []
+        for _ in range(3):
+            cid = s.request_capture(5, "ops")
+            steady.append(_until(s, cid, (CaptureDone, CaptureFailed, Refused), 60)[-1])
+            if (
+                isinstance(steady[-1], CaptureDone)
+                and steady[-1].steps_captured == 5
+                and steady[-1].note is None
+            ):
+                break
+        else:
+            raise AssertionError(f"no complete capture of a steady engine in 3 tries: {steady}")
     finally:
         s.close()
         eng.stop()
