@@ -25,6 +25,15 @@ escapes, value, timestamp) raises ``ScrapeError`` naming the line; nothing is gu
 Label values are unescaped (``\\\\``, ``\\"``, ``\\n``; any other escape is an error).
 Values are ``float``s (``NaN``, ``+Inf``, ``-Inf``, exponents); a timestamp (integer
 milliseconds) is kept on the sample and otherwise unused.
+
+A server's pages keep one shape scrape after scrape: the same lines in the same order,
+only the numbers changed.  A page whose shape (its text with each line's numeric last
+token cut out, ``_cut``) is that of a page read before takes its families from that
+page's reading (``_Template``), with only the numbers read anew: two passes of one
+regular expression instead of a Python pass per line (``rltperf bench ingest`` prints
+both costs).  The result is the full reading's, errors included: a template is kept only
+from a page read whole without error and without timestamps, and a number the template
+cannot take sends the page to the full reading, which says what is wrong and where.
 """
 
 from __future__ import annotations
@@ -51,6 +60,8 @@ class Family:
     name: str
     type: str
     samples: list[Sample] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+    """Line number (from 1) of each sample, as read from the page (empty otherwise)."""
 
 
 TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
@@ -79,6 +90,81 @@ _ALLOWED_SEEN: dict[tuple[str, str], tuple[str, ...]] = {}
 """(family name, type) -> its sample names (``_allowed``)."""
 
 
+_TAIL = re.compile(
+    r" ([-+]?(?:[0-9][0-9.]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?|Inf|NaN))$", re.M
+)
+"""A line's last token when it is a number in the form exposition pages write (a sample's
+value, or its timestamp); the line's shape is what is left (``_cut``)."""
+_MARK = "\0"
+"""What stands for a cut-out number in a shape (a page holding it has no shape)."""
+_TEMPLATES: dict[tuple[str, str, object], _Template] = {}
+"""Page shape, prefix, skipped histograms -> the families read from a page of that shape."""
+_TEMPLATES_KEPT = 8
+"""Shapes kept (the oldest goes first): one per server watched, and a few spare."""
+
+
+@dataclass(slots=True)
+class _Template:
+    """A page's families with each sample's value as the index of a number cut from its shape."""
+
+    numbers: int
+    """Numbers a page of this shape has (one per line at most)."""
+    families: list[tuple[str, str, list[tuple[str, dict[str, str], int]]]]
+    """(name, type, [(sample name, labels, index of its value among the numbers)])."""
+
+    def fill(self, numbers: list[str]) -> list[Family] | None:
+        """The families with these values; None when one is no float (the full reading
+        says why)."""
+        if len(numbers) != self.numbers:
+            return None
+        try:
+            return [
+                Family(name, typ, [(sn, labels, float(numbers[i]), None) for sn, labels, i in samples])
+                for name, typ, samples in self.families
+            ]
+        except ValueError:
+            return None
+
+
+def _cut(text: str) -> tuple[str, list[str], list[str]] | None:
+    """``text`` cut at the numeric last token of each line (``_TAIL``): its shape (the rest,
+    ``_MARK`` for each number), the numbers, and the pieces between them; None when
+    the text holds ``_MARK`` (its shape could be mistaken for another's)."""
+    if _MARK in text:
+        return None
+    parts = _TAIL.split(text)
+    pieces = parts[0::2]
+    return _MARK.join(pieces), parts[1::2], pieces
+
+
+def _template(pieces: list[str], families: list[Family]) -> _Template | None:
+    """The template of a page read whole (``families``; ``pieces`` from ``_cut``), or None
+    when a sample's value is not its line's last token as ``_TAIL`` finds it (a
+    timestamp, a tab, another spelling)."""
+    index: dict[int, int] = {}  # line number -> index of its number
+    lineno = 1
+    for i in range(len(pieces) - 1):
+        lineno += pieces[i].count("\n")
+        index[lineno] = i
+    kept = []
+    for fam in families:
+        if len(fam.lines) != len(fam.samples):
+            return None
+        samples = []
+        for (sname, labels, _, ts), line in zip(fam.samples, fam.lines, strict=True):
+            at = index.get(line)
+            if ts is not None or at is None:
+                return None
+            samples.append((sname, labels, at))
+        kept.append((fam.name, fam.type, samples))
+    return _Template(len(pieces) - 1, kept)
+
+
+def forget_pages() -> None:
+    """Drop the page templates (the next page of each shape is read whole)."""
+    _TEMPLATES.clear()
+
+
 def read_families(text: str, prefix: str = "vllm:", skip_histograms: Container[str] = ()) -> list[Family]:
     """The families of ``text`` whose name starts with ``prefix`` (see the module docstring).
 
@@ -87,7 +173,34 @@ def read_families(text: str, prefix: str = "vllm:", skip_histograms: Container[s
     next ``# TYPE``/``# HELP`` of another name or another family's sample) are skipped
     unparsed, and a later ``# TYPE`` or ``# HELP`` of its name keeps it skipped.  A vLLM
     page's histograms are most of its lines, and half of them are figures ``parse_scrape``
-    never reads."""
+    never reads.
+
+    A page of a shape read before takes that reading's families with its own numbers
+    (the module docstring)."""
+    cut = _cut(text)
+    key: tuple[str, str, object] | None = None
+    if cut is not None:
+        key = (cut[0], prefix, skip_histograms)
+        try:
+            known = _TEMPLATES.get(key)
+        except TypeError:  # skip_histograms that cannot be a key: no templates
+            key = known = None
+        if known is not None:
+            families = known.fill(cut[1])
+            if families is not None:
+                return families
+    out = _read(text, prefix, skip_histograms)
+    if key is not None and cut is not None:
+        template = _template(cut[2], out)
+        if template is not None:
+            while len(_TEMPLATES) >= _TEMPLATES_KEPT:
+                _TEMPLATES.pop(next(iter(_TEMPLATES)), None)
+            _TEMPLATES[key] = template
+    return out
+
+
+def _read(text: str, prefix: str, skip_histograms: Container[str]) -> list[Family]:
+    """``read_families`` line by line (the full reading)."""
     out: list[Family] = []
     cur: Family | None = None  # the open family, when it is a kept one
     allowed: tuple[str, ...] = ()  # sample names that belong to ``cur``
@@ -167,6 +280,7 @@ def read_families(text: str, prefix: str = "vllm:", skip_histograms: Container[s
                 ) from None
         if keep and cur is not None:
             cur.samples.append((name, labels, value, ts))
+            cur.lines.append(lineno)
         else:
             cur, allowed = None, ()  # a sample of no open family closes it (and is not kept)
     return out
