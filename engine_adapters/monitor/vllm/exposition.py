@@ -62,6 +62,11 @@ class Family:
     samples: list[Sample] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)
     """Line number (from 1) of each sample, as read from the page (empty otherwise)."""
+    shape: object | None = None
+    """The template entry this family was filled from: one object for every page of its
+    shape, whose samples differ only in value; None for a family read line by line.  A
+    reader may keep what it works out of the samples' names and labels under it
+    (``histogram_read.read_histogram``)."""
 
 
 TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
@@ -119,8 +124,11 @@ class _Template:
             return None
         try:
             return [
-                Family(name, typ, [(sn, labels, float(numbers[i]), None) for sn, labels, i in samples])
-                for name, typ, samples in self.families
+                Family(
+                    name, typ, [(sn, labels, float(numbers[i]), None) for sn, labels, i in samples], [], entry
+                )
+                for entry in self.families
+                for name, typ, samples in (entry,)
             ]
         except ValueError:
             return None

@@ -18,6 +18,8 @@ from engine_adapters.monitor.vllm.exposition import Family, read_families
 
 # raised by the reader; re-exported here, where the adapter and the tests import it
 from engine_adapters.monitor.vllm.exposition import ScrapeError as ScrapeError
+from engine_adapters.monitor.vllm.histogram_read import Histogram as Histogram
+from engine_adapters.monitor.vllm.histogram_read import read_histogram
 
 # Counters (sample names as exposed, with _total).
 GEN_TOKENS = "vllm:generation_tokens_total"
@@ -140,16 +142,6 @@ def loop_corrected(value: float, head_share: float, loops: float) -> float:
 
 
 @dataclass
-class Histogram:
-    """A cumulative histogram summed over label sets (finite bounds only)."""
-
-    bounds: list[float]
-    counts: list[float]
-    count: float = 0.0
-    sum: float = 0.0
-
-
-@dataclass
 class Scrape:
     """Cumulative values of one ``/metrics`` answer, every series summed over its labels."""
 
@@ -220,7 +212,9 @@ def parse_scrape(text: str, ts_ns: int, engine: str | None = None) -> Scrape:
                     kv_n += 1
                 out.gauges[sname] = out.gauges.get(sname, 0.0) + value
         elif fam.type == "histogram":
-            _add_histogram(out, fam)
+            out.hists[fam.name] = read_histogram(
+                fam, out.engine_steps if fam.name == ITERATION_TOKENS else None
+            )
     for name in KV_USAGE:
         if name in out.gauges and kv_n > 1:
             out.gauges[name] /= kv_n  # a mean over engines, not a sum
@@ -233,68 +227,6 @@ def _one_engine(fam: Family, engine: str) -> Family:
     if len(keep) == len(fam.samples):
         return fam
     return Family(fam.name, fam.type, keep)
-
-
-_BucketKey = tuple[tuple[str, str], ...]
-_BUCKETS_SEEN: dict[int, tuple[dict[str, str], _BucketKey, float]] = {}
-"""A bucket's labels (by identity) -> (those labels, its series' key, its bound).  The reader
-hands out one labels object per label text (``exposition._LABELS_SEEN``), so a server's
-buckets come back as the same objects scrape after scrape; the entry holds its labels, so
-an id is never reused while its entry stands.  Working the key and bound out again for
-each of a vLLM page's ~280 buckets was a third of ``parse_scrape`` (``rltperf bench
-ingest``'s stored page: 0.79 of 2.4 ms)."""
-
-
-def _bucket_seen(labels: dict[str, str], le: str, family: str) -> tuple[dict[str, str], _BucketKey, float]:
-    """A bucket's ``_BUCKETS_SEEN`` entry: its series (its labels but ``le``, sorted) and bound."""
-    items = sorted(labels.items())
-    items.remove(("le", le))
-    try:
-        bound = float(le)
-    except ValueError:
-        raise ScrapeError(f"{family}: invalid bucket bound le={le!r}") from None
-    if len(_BUCKETS_SEEN) > 20_000:  # a server whose labels keep changing: start afresh
-        _BUCKETS_SEEN.clear()
-    seen = _BUCKETS_SEEN[id(labels)] = (labels, tuple(items), bound)
-    return seen
-
-
-def _add_histogram(out: Scrape, fam: Family) -> None:
-    buckets: dict[_BucketKey, list[tuple[float, float]]] = {}
-    count = 0.0
-    total = 0.0
-    buckets_seen = _BUCKETS_SEEN
-    for sname, labels, value, _ in fam.samples:
-        if sname.endswith("_bucket"):
-            seen = buckets_seen.get(id(labels))
-            if seen is None or seen[0] is not labels:
-                le = labels.get("le")
-                if le is None:
-                    continue
-                seen = _bucket_seen(labels, le, fam.name)
-            buckets.setdefault(seen[1], []).append((seen[2], value))
-        elif sname.endswith("_count"):
-            count += value
-            if fam.name == ITERATION_TOKENS:
-                eng = labels.get("engine", "")
-                out.engine_steps[eng] = out.engine_steps.get(eng, 0.0) + value
-        elif sname.endswith("_sum"):
-            total += value
-    merged: Histogram | None = None
-    for series in buckets.values():
-        series.sort()
-        bounds = [b for b, _ in series if b != float("inf")]
-        counts = [c for b, c in series if b != float("inf")]
-        if merged is None:
-            merged = Histogram(bounds, counts)
-        elif merged.bounds == bounds:
-            merged.counts = [a + b for a, b in zip(merged.counts, counts, strict=True)]
-        # series with other bounds (should not happen within one family) are left out
-    if merged is None:
-        merged = Histogram([], [])
-    merged.count = count
-    merged.sum = total
-    out.hists[fam.name] = merged
 
 
 def _first(d: dict[str, float], names: tuple[str, ...]) -> float | None:

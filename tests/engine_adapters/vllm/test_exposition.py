@@ -380,6 +380,41 @@ def test_a_page_of_a_known_shape_is_read_from_its_template(monkeypatch: pytest.M
         parse_scrape(bad, 1)
 
 
+def test_histograms_of_two_engines_from_a_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two engines' series of each histogram (merged bucket by bucket, steps per engine), and
+    a series of other bounds (left out): from a template, the full reading's figures."""
+    rows = []
+    for fam in ("vllm:time_to_first_token_seconds", ITERATION_TOKENS):
+        rows.append(f"# TYPE {fam} histogram")
+        for eng, bounds in (("0", ("0.1", "1.0")), ("1", ("0.1", "1.0")), ("2", ("0.5",))):
+            rows += [f'{fam}_bucket{{engine="{eng}",le="{b}"}} @' for b in (*bounds, "+Inf")]
+            rows += [f'{fam}_count{{engine="{eng}"}} @', f'{fam}_sum{{engine="{eng}"}} @']
+    page = "\n".join(rows) + "\n"
+
+    def numbered(values: Any) -> str:
+        it = iter(values)
+        return "".join(
+            p + (str(next(it)) if i < page.count("@") else "") for i, p in enumerate(page.split("@"))
+        )
+
+    first = numbered(range(100))
+    second = numbered(3 * k + 0.5 for k in range(100))
+    forget_pages()
+    parse_scrape(first, 1)
+    monkeypatch.setattr(exposition, "_read", lambda *a: pytest.fail("read line by line"))
+    got = parse_scrape(second, 1)
+    monkeypatch.undo()
+    assert _fields(got) == _reading(second)
+    assert got.engine_steps == _fields_steps(second) and len(got.engine_steps) == 3
+    h = got.hists["vllm:time_to_first_token_seconds"]
+    assert h.bounds == [0.1, 1.0] and h.counts == [0.5 + 15.5, 3.5 + 18.5]  # values 0, 1 and 5, 6 of the page
+
+
+def _fields_steps(text: str) -> dict[str, float]:
+    forget_pages()
+    return parse_scrape(text, 1).engine_steps
+
+
 def test_a_page_with_timestamps_keeps_no_template() -> None:
     """A timestamp is a line's last number: such a page is always read line by line."""
     forget_pages()
