@@ -27,9 +27,9 @@ Values are ``float``s (``NaN``, ``+Inf``, ``-Inf``, exponents); a timestamp (int
 milliseconds) is kept on the sample and otherwise unused.
 
 A server's pages keep one shape scrape after scrape: the same lines in the same order,
-only the numbers changed.  A page whose shape (its text with each line's numeric last
-token cut out, ``_cut``) is that of a page read before takes its families from that
-page's reading (``_Template``), with only the numbers read anew: two passes of one
+only the numbers changed.  The second page read of a shape (its text with each line's
+numeric last token cut out, ``_cut``) leaves a template (``_Template``), and each later
+page of that shape takes its families from it with only the numbers read anew: two passes of one
 regular expression instead of a Python pass per line (``rltperf bench ingest`` prints
 both costs).  The result is the full reading's, errors included: a template is kept only
 from a page read whole without error and without timestamps, and a number the template
@@ -41,6 +41,9 @@ from __future__ import annotations
 import re
 from collections.abc import Container
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 
 class ScrapeError(ValueError):
@@ -106,6 +109,11 @@ _TEMPLATES: dict[tuple[str, str, object], _Template] = {}
 """Page shape, prefix, skipped histograms -> the families read from a page of that shape."""
 _TEMPLATES_KEPT = 8
 """Shapes kept (the oldest goes first): one per server watched, and a few spare."""
+_SHAPES_SEEN: dict[tuple[str, str, object], None] = {}
+"""Shapes read once, without a template yet (the oldest goes first, ``_TEMPLATES_KEPT`` at
+most): a template is built for a shape's second page, so a server whose shape keeps
+changing (vLLM's ``lora_requests_info`` gains a series for each new set of running LoRA
+adapters) does not pay for templates it never uses."""
 
 
 @dataclass(slots=True)
@@ -169,8 +177,9 @@ def _template(pieces: list[str], families: list[Family]) -> _Template | None:
 
 
 def forget_pages() -> None:
-    """Drop the page templates (the next page of each shape is read whole)."""
+    """Drop the page templates (the next two pages of each shape are read whole)."""
     _TEMPLATES.clear()
+    _SHAPES_SEEN.clear()
 
 
 def read_families(text: str, prefix: str = "vllm:", skip_histograms: Container[str] = ()) -> list[Family]:
@@ -199,12 +208,21 @@ def read_families(text: str, prefix: str = "vllm:", skip_histograms: Container[s
                 return families
     out = _read(text, prefix, skip_histograms)
     if key is not None and cut is not None:
+        if key not in _SHAPES_SEEN:
+            _remember(_SHAPES_SEEN, key, None)
+            return out
         template = _template(cut[2], out)
         if template is not None:
-            while len(_TEMPLATES) >= _TEMPLATES_KEPT:
-                _TEMPLATES.pop(next(iter(_TEMPLATES)), None)
-            _TEMPLATES[key] = template
+            _SHAPES_SEEN.pop(key, None)
+            _remember(_TEMPLATES, key, template)
     return out
+
+
+def _remember(kept: dict[tuple[str, str, object], _T], key: tuple[str, str, object], value: _T) -> None:
+    """``kept[key] = value``, the oldest entries dropped past ``_TEMPLATES_KEPT``."""
+    while len(kept) >= _TEMPLATES_KEPT:
+        kept.pop(next(iter(kept)), None)
+    kept[key] = value
 
 
 def _read(text: str, prefix: str, skip_histograms: Container[str]) -> list[Family]:

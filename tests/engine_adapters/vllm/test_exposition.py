@@ -360,6 +360,9 @@ def test_a_page_of_a_known_shape_is_read_from_its_template(monkeypatch: pytest.M
     assert a != b
     forget_pages()
     parse_scrape(a, 1)
+    assert not exposition._TEMPLATES  # a shape read once: no template yet
+    parse_scrape(a, 1)
+    assert len(exposition._TEMPLATES) == 1
 
     def no_full_reading(*args: object) -> None:
         raise AssertionError("read line by line")
@@ -401,6 +404,7 @@ def test_histograms_of_two_engines_from_a_template(monkeypatch: pytest.MonkeyPat
     second = numbered(3 * k + 0.5 for k in range(100))
     forget_pages()
     parse_scrape(first, 1)
+    parse_scrape(first, 1)
     monkeypatch.setattr(exposition, "_read", lambda *a: pytest.fail("read line by line"))
     got = parse_scrape(second, 1)
     monkeypatch.undo()
@@ -419,7 +423,8 @@ def test_a_page_with_timestamps_keeps_no_template() -> None:
     """A timestamp is a line's last number: such a page is always read line by line."""
     forget_pages()
     page = '# TYPE vllm:g gauge\nvllm:g{{engine="0"}} {} 1700000000000\n'
-    assert parse_scrape(page.format(5), 1).gauges == {"vllm:g": 5.0}
+    for _ in range(2):  # the second page of a shape would leave its template
+        assert parse_scrape(page.format(5), 1).gauges == {"vllm:g": 5.0}
     assert not exposition._TEMPLATES
     assert parse_scrape(page.format(5).replace("1700000000000", "1700000000500"), 1).gauges == {"vllm:g": 5.0}
 
@@ -450,6 +455,7 @@ def test_generated_pages_of_a_known_shape_give_the_full_reading(text: str, data:
                     if ts is not None:
                         lines[line - 1] = lines[line - 1].rstrip().rsplit(None, 1)[0]
             text = "\n".join(lines)
+        parse_scrape(text, 1)
         parse_scrape(text, 1)
     except ScrapeError:
         return
