@@ -133,10 +133,13 @@ class _Template:
         try:
             return [
                 Family(
-                    name, typ, [(sn, labels, float(numbers[i]), None) for sn, labels, i in samples], [], entry
+                    entry[0],
+                    entry[1],
+                    [(sn, lb, float(numbers[k]), None) for sn, lb, k in entry[2]],
+                    [],
+                    entry,
                 )
                 for entry in self.families
-                for name, typ, samples in (entry,)
             ]
         except ValueError:
             return None
