@@ -36,16 +36,27 @@ class Pooled:
 
 
 def pool(deltas: Iterable[HistogramDelta]) -> Pooled | None:
-    """Sum interval deltas with identical bounds (a bounds change starts a new pool)."""
-    out: Pooled | None = None
+    """Sum interval deltas with identical bounds (a bounds change starts a new pool).
+
+    Each bucket's counts are added in the order given (``sum`` of the bucket's column:
+    the same float additions as adding the deltas one by one, a C loop per bucket rather
+    than a Python one per bucket and delta)."""
+    group: list[HistogramDelta] = []
     for d in deltas:
-        if out is None or out.bounds != d.bounds:
-            out = Pooled(list(d.bounds), list(d.counts), d.count, d.sum)
-            continue
-        out.counts = [a + b for a, b in zip(out.counts, d.counts, strict=True)]
-        out.count += d.count
-        out.sum += d.sum
-    return out
+        if group and group[0].bounds != d.bounds:
+            group = []
+        group.append(d)
+    if not group:
+        return None
+    first = group[0]
+    if len(group) == 1:
+        return Pooled(list(first.bounds), list(first.counts), first.count, first.sum)
+    return Pooled(
+        list(first.bounds),
+        list(map(sum, zip(*(d.counts for d in group), strict=True))),
+        sum(d.count for d in group),
+        sum(d.sum for d in group),
+    )
 
 
 def quantile(

@@ -115,8 +115,9 @@ class ServerTrends:
     lines: dict[str, Trend] = field(default_factory=dict)
 
 
-ColumnCache = dict[tuple[str, int, int, int], tuple[float | None, bool]]
-"""Column values already computed, by (figure, first and last scrape's time, scrapes)."""
+ColumnCache = dict[tuple[int, int, int], tuple[tuple[float | None, bool], ...]]
+"""Column values already computed, by (first and last scrape's time, scrapes): each
+``TREND_FIGURES`` figure's (value, bounded) in that order."""
 
 
 def server_trends(
@@ -127,9 +128,9 @@ def server_trends(
 
     ``cache`` (kept by the caller between calls) holds the values of columns computed
     before: a column's value depends only on its scrapes, and from one call to the next
-    all but the newest column hold the same ones (a render tick then computes one column
-    per figure, not the whole line: three histogram P95s a column).  It is left holding
-    this call's columns only."""
+    all but the newest column hold the same ones (a render tick then computes one column,
+    not the whole line: three histogram P95s).  It is left holding this call's columns
+    only."""
     if not samples or columns < 1 or seconds <= 0:
         return None
     win = recent_scrapes(samples, seconds)
@@ -140,18 +141,16 @@ def server_trends(
     span = sum(m.interval_s for m in win)
     tr = ServerTrends(seconds=seconds, per_column=per, samples=len(win), span_s=span)
     used: ColumnCache = {}
-    for key, label, kind in TREND_FIGURES:
-        values: list[float | None] = []
-        bounded: list[bool] = []
-        for b in bins:
-            ck = (key, b[0].ts_ns, b[-1].ts_ns, len(b))
-            got = cache.get(ck) if cache is not None else None
-            if got is None:
-                got = _column_value(key, b)
-            used[ck] = got
-            values.append(got[0])
-            bounded.append(got[1])
-        tr.lines[key] = Trend(key, label, kind, values, bounded)
+    cols = []
+    for b in bins:
+        ck = (b[0].ts_ns, b[-1].ts_ns, len(b))
+        got = cache.get(ck) if cache is not None else None
+        if got is None:
+            got = tuple(_column_value(key, b) for key, _, _ in TREND_FIGURES)
+        used[ck] = got
+        cols.append(got)
+    for i, (key, label, kind) in enumerate(TREND_FIGURES):
+        tr.lines[key] = Trend(key, label, kind, [c[i][0] for c in cols], [c[i][1] for c in cols])
     if cache is not None:
         cache.clear()
         cache.update(used)

@@ -48,6 +48,15 @@ def test_pool_sums_interval_deltas() -> None:
     assert p is not None
     assert (p.counts, p.count, p.sum) == ([1.0, 4.0], 5.0, 9.0)
     assert pool([]) is None
+    # a change of bounds starts a new pool: only the deltas after the last change count
+    c = HistogramDelta(bounds=[1.0, 5.0], counts=[2.0, 2.0], count=2.0, sum=3.0)
+    p = pool([a, c, b, a, b])
+    assert p is not None and p.bounds == [1.0, 2.0]
+    assert (p.counts, p.count, p.sum) == ([1.0, 5.0], 7.0, 14.0)
+    p = pool([a, b, c])
+    assert p is not None and (p.bounds, p.counts, p.count, p.sum) == ([1.0, 5.0], [2.0, 2.0], 2.0, 3.0)
+    p.counts[0] = 99.0  # the pool's lists are its own, not the delta's
+    assert c.counts == [2.0, 2.0]
 
 
 def test_parse_real_scrape() -> None:

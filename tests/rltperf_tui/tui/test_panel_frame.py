@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
-from textual._compositor import CompositorUpdate
+from textual._compositor import ChopsUpdate, CompositorUpdate
 from textual.geometry import Region
 from textual.pilot import Pilot
 from textual.strip import Strip
 from textual.widget import Widget
 
+from rltperf_tui.live.view import LifetimeView
 from rltperf_tui.tui.app import MonitorApp, TargetSpec
 from rltperf_tui.tui.widgets.panel import Panel
 from tests.rltperf_tui.tui._uihelpers import drawn_at_final_size, replay_finished, replay_spec, sync
@@ -112,13 +113,69 @@ async def test_a_changed_row_reaches_the_terminal_without_being_copied(
             for panel in panels:  # new data: rows change in every panel shown
                 assert panel.ctx is not None
                 panel.show(replace(panel.ctx, window_s=panel.ctx.window_s * 3, note="changed"))
-            changed = sum(len(p._repaint_regions) for p in panels)
+            # a panel framed by itself marks its rows on the screen (``Panel._repaint_rows``)
+            changed = sum(len(p._repaint_regions) for p in panels) + len(app.screen._repaint_regions)
             written.clear()
             await pilot.pause()
             await pilot.pause()
             monkeypatch.setattr(Strip, "crop", crop)
             assert changed > 0 and sum(written) > 0
             assert crops == [], f"{len(crops)} rows copied to fit the dirty span, of {changed} changed"
+
+
+@sync
+async def test_the_changed_rows_of_every_panel_reach_the_terminal_at_the_next_update(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rows that changed in several panels at one tick are written at the next screen
+    update, each across its panel's whole width, with the panel's new text.
+
+    The panels mark their changed rows on the screen, in screen coordinates (one request
+    per tick instead of a refresh per panel): a row placed one line off, or cut to the
+    content's width, would leave the old text on the terminal.  The truth is what the
+    panel draws for that row now, read back from the update written."""
+    updates: list[ChopsUpdate] = []
+
+    def display(app: MonitorApp, screen: object, renderable: object) -> None:
+        if isinstance(renderable, ChopsUpdate):
+            updates.append(renderable)
+
+    monkeypatch.setattr(MonitorApp, "_display", display)
+    for spec in (replay_spec(), vllm_spec("a")):
+        async with _drawn(spec) as (app, pilot):
+            panels = [p for p in app.query(Panel) if p.display and p.ctx is not None and p.outer_size.area]
+            assert len(panels) >= 3
+            before = {p: list(p._lines) for p in panels}
+            # other figures in every panel: a shorter window, nothing scraped yet, a note
+            short = app.handles[0].stats.window(1.0)
+            for panel in panels:
+                ctx = panel.ctx
+                assert ctx is not None
+                stats = replace(ctx.stats, records=ctx.stats.records + 12345, metrics=None, trends=None,
+                                lifetime=LifetimeView())  # fmt: skip
+                panel.show(replace(ctx, window=short, stats=stats, note="changed"))
+            expected: dict[int, tuple[Panel, int, int]] = {}  # screen row -> panel, first column, width
+            for panel in panels:
+                region = app.screen.find_widget(panel).region
+                top = region.y + panel.content_offset.y
+                for y, row in enumerate(panel._lines):
+                    if row != before[panel][y]:
+                        expected[top + y] = (panel, region.x, region.width)
+            assert len({p for p, _, _ in expected.values()}) >= 3  # rows changed in several panels
+            updates.clear()
+            await pilot.pause()
+            await pilot.pause()
+            assert updates, "no screen update after the panels changed"
+            update = updates[0]
+            for y, (panel, x, width) in expected.items():
+                spans = [(x1, x2) for sy, x1, x2 in update.spans if sy == y]
+                assert any(x1 <= x and x + width <= x2 for x1, x2 in spans), (type(panel).__name__, y, spans)
+                line = "".join(
+                    strip.text for _, strip in sorted(update.chops[y].items()) if strip is not None
+                )
+                py = y - app.screen.find_widget(panel).region.y
+                drawn = panel.render_lines(Region(0, py, width, 1))[0].text
+                assert line[x : x + width] == drawn, (type(panel).__name__, y)
 
 
 @sync
