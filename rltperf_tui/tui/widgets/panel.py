@@ -246,7 +246,8 @@ class Panel(Widget):
         strip cut to the span, and renders that copy afresh (18 copies a tick at 1,000
         steps/s).  A panel that frames its own rows (``render_lines``) marks them on the
         screen (a ``BlankScreen``: nothing of its own to draw again), where the panels
-        changed in one render tick make one request: the compositor asks every widget
+        changed in one render tick make one request (Textual 8.2.8's internals, pinned:
+        ``test_panel_frame`` checks what reaches the terminal): the compositor asks every widget
         under a dirty row for its lines anyway, and ``refresh`` on each panel cost each
         a round of Textual messages (the panel's idle, then the screen's update) and
         dropped its layout and style caches (on a metrics target, 5 panels a scrape:
@@ -264,7 +265,15 @@ class Panel(Widget):
                 clip = geo.clip.intersection
                 dirty = [r for y in rows if (r := clip(Region(x, top + y, width, 1)))]
                 if dirty:
-                    screen.refresh(*dirty)
+                    # what Screen._on_update does for a widget's Update, with the screen
+                    # as the widget: its regions, and the screen among the widgets the
+                    # next update takes.  Not Screen.refresh: it sets the screen's repaint
+                    # flag, and an update with that flag takes the screen's regions alone
+                    # and drops every widget marked dirty before it in that frame (a
+                    # status bar or a title then stays old on the terminal)
+                    screen._set_dirty(*dirty)
+                    screen._dirty_widgets.add(screen)
+                    screen.check_idle()
                 return
         left, outer = -self.content_offset.x, self.outer_size.width
         self.refresh(*(Region(left, y, outer, 1) for y in rows))

@@ -6,6 +6,7 @@ colour.  Textual's own path is called on the same panel as the independent truth
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -176,6 +177,59 @@ async def test_the_changed_rows_of_every_panel_reach_the_terminal_at_the_next_up
                 py = y - app.screen.find_widget(panel).region.y
                 drawn = panel.render_lines(Region(0, py, width, 1))[0].text
                 assert line[x : x + width] == drawn, (type(panel).__name__, y)
+
+
+@sync
+async def test_rows_and_a_new_title_changed_in_one_frame_all_reach_the_terminal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A panel whose title alone changed marks its own top row (the screen takes it among
+    the widgets to update); then, before the screen updates, other panels' rows change
+    and are marked on the screen.  The terminal must get both.
+
+    Marking rows with ``Screen.refresh`` set the screen's own repaint flag, and an update
+    with that flag set takes the screen's regions alone and drops every widget marked
+    dirty before it in that frame: the title stayed old on the terminal."""
+    updates: list[ChopsUpdate] = []
+
+    def display(app: MonitorApp, screen: object, renderable: object) -> None:
+        if isinstance(renderable, ChopsUpdate):
+            updates.append(renderable)
+
+    monkeypatch.setattr(MonitorApp, "_display", display)
+    async with _drawn(vllm_spec("a")) as (app, pilot):
+        panels = [p for p in app.query(Panel) if p.display and p.ctx is not None and p.outer_size.area]
+        assert len(panels) >= 3
+        titled, *others = panels
+        updates.clear()
+        titled.panel_title = lambda ctx: "a title of its own"  # type: ignore[method-assign]
+        assert titled.ctx is not None
+        titled.show(titled.ctx)  # the title alone changes: the panel's own refresh
+        for _ in range(20):  # its idle tells the screen, which has not updated yet
+            if titled in app.screen._dirty_widgets:
+                break
+            await asyncio.sleep(0)
+        assert titled in app.screen._dirty_widgets and not updates
+        short = app.handles[0].stats.window(1.0)
+        for panel in others:  # rows change, marked on the screen
+            ctx = panel.ctx
+            assert ctx is not None
+            stats = replace(ctx.stats, records=ctx.stats.records + 12345, metrics=None, trends=None,
+                            lifetime=LifetimeView())  # fmt: skip
+            panel.show(replace(ctx, window=short, stats=stats, note="changed"))
+        await pilot.pause()
+        await pilot.pause()
+        rows = {y for u in updates for y, _, _ in u.spans}
+        for panel in others:
+            region = app.screen.find_widget(panel).region
+            assert rows & set(range(region.y, region.bottom)), type(panel).__name__
+        region = app.screen.find_widget(titled).region
+        written = [
+            "".join(strip.text for _, strip in sorted(u.chops[region.y].items()) if strip is not None)
+            for u in updates
+            if any(y == region.y and x1 <= region.x and region.right <= x2 for y, x1, x2 in u.spans)
+        ]
+        assert written and "a title of its own" in written[-1], written
 
 
 @sync
