@@ -57,6 +57,34 @@ async def _drawn(spec: TargetSpec) -> AsyncIterator[tuple[MonitorApp, Pilot[int]
         yield app, pilot
 
 
+def _updates_written(monkeypatch: pytest.MonkeyPatch) -> list[ChopsUpdate]:
+    """The partial updates the app writes from now on (a headless app writes nothing)."""
+    updates: list[ChopsUpdate] = []
+
+    def display(app: MonitorApp, screen: object, renderable: object) -> None:
+        if isinstance(renderable, ChopsUpdate):
+            updates.append(renderable)
+
+    monkeypatch.setattr(MonitorApp, "_display", display)
+    return updates
+
+
+def _written_line(update: ChopsUpdate, y: int) -> str:
+    """Screen row ``y`` as ``update`` holds it (its chops, left to right)."""
+    return "".join(strip.text for _, strip in sorted(update.chops[y].items()) if strip is not None)
+
+
+def _show_other_figures(app: MonitorApp, panels: list[Panel]) -> None:
+    """Show each panel other figures: a shorter window, nothing scraped yet, a note."""
+    short = app.handles[0].stats.window(1.0)
+    for panel in panels:
+        ctx = panel.ctx
+        assert ctx is not None
+        stats = replace(ctx.stats, records=ctx.stats.records + 12345, metrics=None, trends=None,
+                        lifetime=LifetimeView())  # fmt: skip
+        panel.show(replace(ctx, window=short, stats=stats, note="changed"))
+
+
 @pytest.mark.parametrize("no_color", [False, True])
 @sync
 async def test_framed_rows_equal_textuals_own_on_the_step_and_server_views(
@@ -135,26 +163,13 @@ async def test_the_changed_rows_of_every_panel_reach_the_terminal_at_the_next_up
     per tick instead of a refresh per panel): a row placed one line off, or cut to the
     content's width, would leave the old text on the terminal.  The truth is what the
     panel draws for that row now, read back from the update written."""
-    updates: list[ChopsUpdate] = []
-
-    def display(app: MonitorApp, screen: object, renderable: object) -> None:
-        if isinstance(renderable, ChopsUpdate):
-            updates.append(renderable)
-
-    monkeypatch.setattr(MonitorApp, "_display", display)
+    updates = _updates_written(monkeypatch)
     for spec in (replay_spec(), vllm_spec("a")):
         async with _drawn(spec) as (app, pilot):
             panels = [p for p in app.query(Panel) if p.display and p.ctx is not None and p.outer_size.area]
             assert len(panels) >= 3
             before = {p: list(p._lines) for p in panels}
-            # other figures in every panel: a shorter window, nothing scraped yet, a note
-            short = app.handles[0].stats.window(1.0)
-            for panel in panels:
-                ctx = panel.ctx
-                assert ctx is not None
-                stats = replace(ctx.stats, records=ctx.stats.records + 12345, metrics=None, trends=None,
-                                lifetime=LifetimeView())  # fmt: skip
-                panel.show(replace(ctx, window=short, stats=stats, note="changed"))
+            _show_other_figures(app, panels)
             expected: dict[int, tuple[Panel, int, int]] = {}  # screen row -> panel, first column, width
             for panel in panels:
                 region = app.screen.find_widget(panel).region
@@ -171,9 +186,7 @@ async def test_the_changed_rows_of_every_panel_reach_the_terminal_at_the_next_up
             for y, (panel, x, width) in expected.items():
                 spans = [(x1, x2) for sy, x1, x2 in update.spans if sy == y]
                 assert any(x1 <= x and x + width <= x2 for x1, x2 in spans), (type(panel).__name__, y, spans)
-                line = "".join(
-                    strip.text for _, strip in sorted(update.chops[y].items()) if strip is not None
-                )
+                line = _written_line(update, y)
                 py = y - app.screen.find_widget(panel).region.y
                 drawn = panel.render_lines(Region(0, py, width, 1))[0].text
                 assert line[x : x + width] == drawn, (type(panel).__name__, y)
@@ -190,13 +203,7 @@ async def test_rows_and_a_new_title_changed_in_one_frame_all_reach_the_terminal(
     Marking rows with ``Screen.refresh`` set the screen's own repaint flag, and an update
     with that flag set takes the screen's regions alone and drops every widget marked
     dirty before it in that frame: the title stayed old on the terminal."""
-    updates: list[ChopsUpdate] = []
-
-    def display(app: MonitorApp, screen: object, renderable: object) -> None:
-        if isinstance(renderable, ChopsUpdate):
-            updates.append(renderable)
-
-    monkeypatch.setattr(MonitorApp, "_display", display)
+    updates = _updates_written(monkeypatch)
     async with _drawn(vllm_spec("a")) as (app, pilot):
         panels = [p for p in app.query(Panel) if p.display and p.ctx is not None and p.outer_size.area]
         assert len(panels) >= 3
@@ -210,13 +217,7 @@ async def test_rows_and_a_new_title_changed_in_one_frame_all_reach_the_terminal(
                 break
             await asyncio.sleep(0)
         assert titled in app.screen._dirty_widgets and not updates
-        short = app.handles[0].stats.window(1.0)
-        for panel in others:  # rows change, marked on the screen
-            ctx = panel.ctx
-            assert ctx is not None
-            stats = replace(ctx.stats, records=ctx.stats.records + 12345, metrics=None, trends=None,
-                            lifetime=LifetimeView())  # fmt: skip
-            panel.show(replace(ctx, window=short, stats=stats, note="changed"))
+        _show_other_figures(app, others)  # rows change, marked on the screen
         await pilot.pause()
         await pilot.pause()
         rows = {y for u in updates for y, _, _ in u.spans}
@@ -225,7 +226,7 @@ async def test_rows_and_a_new_title_changed_in_one_frame_all_reach_the_terminal(
             assert rows & set(range(region.y, region.bottom)), type(panel).__name__
         region = app.screen.find_widget(titled).region
         written = [
-            "".join(strip.text for _, strip in sorted(u.chops[region.y].items()) if strip is not None)
+            _written_line(u, region.y)
             for u in updates
             if any(y == region.y and x1 <= region.x and region.right <= x2 for y, x1, x2 in u.spans)
         ]
