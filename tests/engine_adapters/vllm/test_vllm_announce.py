@@ -208,12 +208,17 @@ def test_summary_json_has_the_same_keys_for_every_kind_of_target(server: Server,
     lt = threading.Thread(target=load.run, args=(60.0, stop), daemon=True)
     lt.start()
     try:
-        time.sleep(1.0)
+        # the server serves before the recording starts (once in CI it ran no step in the
+        # recording's 5 s and took 73 s for this test, against 21-48 s before: a stall the
+        # test did not see; this says how long the first request took)
+        served_s = load.wait_served()
+        print(f"first request of the load finished after {served_s:.1f} s")
         out = run_rltperf("record", _target(server), "--duration", "5", "-o", str(vrec), "-q")
         assert out.returncode == 0, out.stderr
     finally:
         stop.set()
         lt.join(90)
+    print(f"load: {len(load.results)} requests, errors {load.errors[:3]}")
     # a reference-engine recording (the probed torch loop)
     lrec = tmp_path / "loop.rltrec"
     # (a --duration of 8 s once ended the engine before a recorder slowed by the machine's

@@ -299,6 +299,16 @@ class Load:
         end = time.perf_counter()
         return Result(t0, (first or end) - t0, end, tokens)
 
+    def wait_served(self, timeout: float = 180.0) -> float:
+        """Seconds until the first request of this load finished (the server serves);
+        AssertionError after ``timeout`` or at the first error."""
+        t0 = time.monotonic()
+        while not self.results:
+            assert not self.errors, self.errors[:3]
+            assert time.monotonic() - t0 < timeout, f"no request finished within {timeout:.0f} s"
+            time.sleep(0.1)
+        return time.monotonic() - t0
+
     def run(self, seconds: float, until: threading.Event | None = None) -> tuple[float, float]:
         """Load for ``seconds`` (or until ``until`` is set); returns (first start, last end)
         in perf_counter seconds."""
