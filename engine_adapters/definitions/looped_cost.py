@@ -27,6 +27,12 @@ DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "float16": 2,
                "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}  # fmt: skip
 """Bytes per element by dtype name."""
 
+MFU_CAVEAT = "vLLM's byte/FLOP estimator counts num_hidden_layers once, not once a loop"
+"""Why a looped model's estimates need correcting (``monitor/vllm/metrics.py`` ends each
+note about it with this).  A note that carries it says its conclusion first (corrected or
+not, by what), so a row cut to the screen's width keeps the part that tells the reader
+something; ``server_window`` shows such a note beside MBU."""
+
 
 @dataclass(frozen=True)
 class LoopedShape:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine_adapters.definitions.histograms import PERCENTILE_METHOD, estimates, pool
+from engine_adapters.definitions.looped_cost import MFU_CAVEAT
 from engine_adapters.definitions.records import Ceiling, MetricsSample
 
 METRIC_LATENCIES = ("ttft", "itl", "tpot", "e2e", "queue", "prefill", "decode")
@@ -111,10 +112,10 @@ def metrics_window(
         for n in m.notes:
             if n not in notes:
                 notes.append(n)
-    # the warning beside MBU: a note that names vLLM's byte/FLOP estimator (a looped model's
-    # estimate corrected, or left uncorrected for want of its loop count); a plain model's
-    # "not looped" note is an ordinary note
-    mbu_note = next((n for n in notes if "estimator" in n), None)
+    # the warning beside MBU: the note about vLLM's byte/FLOP estimate of a looped model
+    # (corrected, or left uncorrected for want of its loop count); any other note (a plain
+    # model's "not looped") is an ordinary note
+    mbu_note = next((n for n in notes if MFU_CAVEAT in n), None)
     return MetricsWindow(
         seconds=float(seconds) if seconds is not None else span,
         span_s=span,

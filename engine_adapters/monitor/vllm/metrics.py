@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine_adapters.definitions import looped_cost
+from engine_adapters.definitions.looped_cost import MFU_CAVEAT
 from engine_adapters.definitions.records import HistogramDelta, MetricsSample
 from engine_adapters.monitor.vllm.exposition import Family, read_families
 
@@ -58,10 +59,6 @@ time, preemptions and KV computed per request): ``parse_scrape`` skips their lin
 (``read_families``), 102 of the stored page's 604 lines.  Named one by one, so a histogram
 a later vLLM adds is read, not lost."""
 
-MFU_CAVEAT = "vLLM's byte/FLOP estimator counts num_hidden_layers once, not once a loop"
-"""Why a looped model's estimates need correcting.  Each note that carries it says its
-conclusion first (corrected or not, by what), so a row cut to the screen's width keeps
-the part that tells the reader something."""
 
 _DTYPE_BYTES = {"float32": 4.0, "fp32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "fp16": 2.0,
                 "half": 2.0, "bf16": 2.0, "float8_e4m3fn": 1.0, "float8_e5m2": 1.0, "int8": 1.0}  # fmt: skip

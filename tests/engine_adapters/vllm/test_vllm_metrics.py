@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from engine_adapters.definitions.histograms import capped_percentiles, percentiles, pool, quantile
 from engine_adapters.definitions.records import Ceiling, Hello, HistogramDelta, MetricsSample
+from engine_adapters.definitions.server_window import metrics_window
 from engine_adapters.monitor.vllm.metrics import MfuState, counters_went_back, derive, parse_scrape
 from rltperf_tui.live.aggregator import TargetStats
 
@@ -98,6 +100,20 @@ def test_derive_corrects_a_looped_model_and_says_so() -> None:
     assert any(n.startswith("bytes/FLOPs corrected here x4") and "num_hidden_layers" in n for n in m.notes)
     unknown = derive(a, b, MfuState(), loop_factor=1.0, loop_known=False)
     assert any(n.startswith("bytes/FLOPs not corrected: loop count unknown") for n in unknown.notes)
+
+
+def test_the_note_beside_mbu_is_the_looped_estimate_note_and_no_other() -> None:
+    a = _scrape("vllm_0.32_metrics_a.txt", 0)
+    b = _scrape("vllm_0.32_metrics_b.txt", 10**9)
+    looped = derive(a, b, MfuState(), loop_factor=4.0, loop_known=True)
+    (caveat,) = [n for n in looped.notes if n.startswith("bytes/FLOPs corrected here x4")]
+    # another note that happens to name the estimator comes first: it stays an ordinary note
+    other = "the estimator's counters went back: the server restarted"
+    looped = msgspec.structs.replace(looped, notes=[other, *looped.notes])
+    w = metrics_window([looped], None)
+    assert w is not None and w.mbu_note == caveat and other in w.notes
+    plain = metrics_window([derive(a, b, MfuState(), loop_factor=1.0, loop_known=True)], None)
+    assert plain is not None and plain.mbu_note is None and plain.notes
 
 
 def test_counter_reset_is_detected() -> None:
