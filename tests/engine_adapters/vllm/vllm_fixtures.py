@@ -378,7 +378,11 @@ if __name__ == "__main__":
     # went with it (PR_SET_PDEATHSIG) and the engine core and worker were left running.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if len(sys.argv) != 2:
+        sys.exit("usage: python vllm_fixtures.py DIR  (a new or empty folder for the model, logs and traces)")
     d = Path(sys.argv[1]).resolve()
+    if d.exists() and any(d.iterdir()):
+        sys.exit(f"{d} is not empty: give a new folder (it gets a fresh model, profiler folder and logs)")
     d.mkdir(parents=True, exist_ok=True)
     srv = start_shared_llama(d)
     srv.to_file(d / "server.json")
