@@ -26,7 +26,7 @@ from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_ouro
-from vllm_fixtures import MODEL_NAME, ROOT, Server, free_port, launch
+from vllm_fixtures import MODEL_NAME, ROOT, Server, free_ports, launch
 
 from engine_adapters.monitor.vllm.metrics import parse_scrape
 
@@ -41,7 +41,7 @@ def start(root: Path, layout: list[str], extra_env: dict[str, str] | None = None
     prof, tmp, faults, run = root / "prof", root / "tmp", root / "faults", root / "run"
     for d in (prof, tmp, faults):
         d.mkdir()  # (``run`` is made by the plugin: 0700, or it announces nothing)
-    port, probe = free_port(), f"127.0.0.1:{free_port(2)}"  # a DP rank's probe: base + rank
+    port, probe = free_ports(), f"127.0.0.1:{free_ports(2)}"  # a DP rank's probe: base + rank
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", VLLM_CPU_KVCACHE_SPACE="1",
                VLLM_CACHE_ROOT=str(tmp / "vllm-cache"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),

@@ -54,7 +54,7 @@ def test_a_vllm_test_that_skips_fails_under_the_ci_switch(tmp_path: Path) -> Non
 _CONFTEST = '''
 import json, os, socket, subprocess, sys, time
 from pathlib import Path
-from vllm_fixtures import Server, free_port
+from vllm_fixtures import Server, free_ports
 from vllm_servers import server_kind
 
 FAKE = """
@@ -68,7 +68,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
 
 def fake(root):
-    port = free_port()
+    port = free_ports()
     proc = subprocess.Popen([sys.executable, "-c", FAKE, str(port)], start_new_session=True)
     for _ in range(100):
         try:

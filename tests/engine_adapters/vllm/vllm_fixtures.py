@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:  # run as a script (``python vllm_fixtures.py DIR``)
     sys.path.insert(0, str(ROOT))
-from tests.conftest import free_ports as free_port  # noqa: E402
+from tests.conftest import free_ports  # noqa: E402
 
 START_TIMEOUT_S = 600.0
 """A start takes 50-100 s on an idle 2-core machine; one under a load of 27 missed 300 s."""
@@ -178,8 +178,8 @@ def serve(
     prof.mkdir()
     tmp = root / "tmp"
     tmp.mkdir()
-    port = free_port()
-    probe = f"127.0.0.1:{free_port()}"
+    port = free_ports()
+    probe = f"127.0.0.1:{free_ports()}"
     env = dict(os.environ)
     env.update(
         HF_HUB_OFFLINE="1",
