@@ -243,7 +243,13 @@ def test_summary_json_has_the_same_keys_for_every_kind_of_target(server: Server,
     assert v["wall_s"] == pytest.approx(v["metrics"]["span_s"], abs=1e-5) and v["wall_s"] > 1.0
     assert v["metrics"] is not None and summaries["loop"]["metrics"] is None
     assert v["tokens_per_s"] is not None and v["tokens_per_s"] == v["metrics"]["tokens_per_s"]
-    assert v["steps_per_s"] == v["metrics"]["steps_per_s"] and v["steps_per_s"] > 0
+    # (on failure: each scrape's interval, steps and tokens, to show when the server stalled)
+    scrapes = [
+        (m.interval_s, m.steps, m.generation_tokens)
+        for m in read_all(vrec)[1]
+        if isinstance(m, MetricsSample)
+    ]
+    assert v["steps_per_s"] == v["metrics"]["steps_per_s"] and v["steps_per_s"] > 0, scrapes
     # the tokens vLLM counted over the recorded scrape intervals, against what the
     # client received inside them: at least the answers wholly inside (a second in from
     # each end, for the scrape's own latency), at most those overlapping them (a second
