@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine_adapters.definitions import looped_cost
-from engine_adapters.definitions.looped_cost import MFU_CAVEAT
 from engine_adapters.definitions.records import HistogramDelta, MetricsSample
 from engine_adapters.monitor.vllm.exposition import Family, read_families
 
@@ -58,10 +57,6 @@ HISTOGRAMS_SKIPPED = frozenset({
 time, preemptions and KV computed per request): ``parse_scrape`` skips their lines unparsed
 (``read_families``), 102 of the stored page's 604 lines.  Named one by one, so a histogram
 a later vLLM adds is read, not lost."""
-
-
-_DTYPE_BYTES = {"float32": 4.0, "fp32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "fp16": 2.0,
-                "half": 2.0, "bf16": 2.0, "float8_e4m3fn": 1.0, "float8_e5m2": 1.0, "int8": 1.0}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -127,10 +122,10 @@ def lm_head_from(config: dict[str, object] | None) -> LmHead | None:
         return None
     dt = config.get("torch_dtype") or config.get("dtype")
     name = str(dt).removeprefix("torch.") if dt else ""
-    size = _DTYPE_BYTES.get(name)
+    size = looped_cost.DTYPE_BYTES.get(name)
     if size is None:
-        size, name = 2.0, "assumed"  # 16-bit weights: what a served model nearly always has
-    return LmHead(hidden=hidden, vocab=vocab, bytes_per_elem=size, dtype=name)
+        size, name = 2, "assumed"  # 16-bit weights: what a served model nearly always has
+    return LmHead(hidden=hidden, vocab=vocab, bytes_per_elem=float(size), dtype=name)
 
 
 def loop_corrected(value: float, head_share: float, loops: float) -> float:
@@ -319,20 +314,20 @@ def derive(
             flops = loop_corrected(flops, head.flops(steps, logits), loop_factor)
             notes.append(
                 f"bytes/FLOPs corrected here: the layers x{loop_factor:g} (the model's loop count), "
-                f"the LM head once ({head.dtype or '?'}, {head.bytes_per_elem:g} B per element): {MFU_CAVEAT}"
+                f"the LM head once ({head.dtype or '?'}, {head.bytes_per_elem:g} B per element): {looped_cost.MFU_CAVEAT}"
             )
         elif loop_factor != 1.0:
             read_b, write_b, flops = read_b * loop_factor, write_b * loop_factor, flops * loop_factor
             notes.append(
                 f"bytes/FLOPs corrected here x{loop_factor:g} (the model's loop count), the LM head "
-                f"included (its shape is unknown here, so it is over-counted): {MFU_CAVEAT}"
+                f"included (its shape is unknown here, so it is over-counted): {looped_cost.MFU_CAVEAT}"
             )
         elif loop_known:
             notes.append("not looped: vLLM's bytes/FLOPs need no loop correction")
         else:
             notes.append(
                 "bytes/FLOPs not corrected: loop count unknown (set RLTPERF_LOOP_COUNT or the loop_count "
-                f"option); {MFU_CAVEAT}"
+                f"option); {looped_cost.MFU_CAVEAT}"
             )
     elif estimating is False:
         notes.append("no byte/FLOP estimates: start the server with --enable-mfu-metrics for MBU")
