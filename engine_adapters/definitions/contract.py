@@ -155,8 +155,13 @@ def code_state(code_dir: str | None = None, cwd: str | None = None) -> dict[str,
 
 @lru_cache(maxsize=1)
 def cpu_model() -> str:
-    """CPU model name and logical core count."""
-    name = platform.processor() or platform.machine()
+    """CPU model name and logical core count.
+
+    From ``/proc/cpuinfo``, else the machine type: never ``platform.processor()``, which on
+    Linux forks ``uname -p`` (a fork of a vLLM worker holding gigabytes, from the probe; on
+    cores a loaded server saturates the monitor's connect waited seconds on it) to learn
+    what ``platform.machine()`` already says."""
+    name = platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from engine_adapters.monitor.registry import available
-from rltperf_tui.cli import COMMANDS
-from tests.conftest import run_rltperf
+from rltperf_tui.cli import COMMANDS, _named_command
+from tests.conftest import ROOT, run_rltperf
 
 
 def test_top_level_help_names_every_command_and_the_keys() -> None:
@@ -36,3 +39,19 @@ def test_adapters_lists_each_installed_adapter_with_its_target_forms() -> None:
             assert scheme in row, (scheme, row)
         assert entry.value in out.stdout
     assert "tcp://" in out.stdout and "vllm+http://" in out.stdout
+
+
+def test_a_command_named_on_the_line_loads_only_its_own_module() -> None:
+    """Start-up CPU is what a command waits for on cores a loaded server saturates: naming
+    a command builds its parser alone (all of them only for the top-level help)."""
+    code = (
+        "import sys, rltperf_tui.cli as c\n"
+        "assert c.main(['-v', 'adapters']) == 0\n"
+        "print(' '.join(m for m in sys.modules if m.startswith('rltperf_tui.commands.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    loaded = set(out.stdout.split()) & set(COMMANDS.values())
+    assert loaded == {COMMANDS["adapters"]}, loaded
+    assert _named_command(["-vv", "capture", "tcp://h:1"]) == "capture"
+    assert _named_command(["--version"]) is None and _named_command(["bogus", "x"]) is None
+    assert _named_command(["--", "record"]) is None

@@ -205,16 +205,19 @@ def test_summary_json_has_the_same_keys_for_every_kind_of_target(server: Server,
     vrec = tmp_path / "vllm.rltrec"
     stop = threading.Event()
     load = Load(server.url, conc=2, max_tokens=32)
-    lt = threading.Thread(target=load.run, args=(60.0, stop), daemon=True)
+    # the load runs until the recording has ended, however long `rltperf record` takes to
+    # start: on 2 cores that the server saturates, its 0.36 s of start-up CPU took 4-10 s of
+    # wall time here, and in CI a load capped at 60 s ended before the first scrape (every
+    # scrape read 0 steps after 507 requests were served)
+    lt = threading.Thread(target=load.run, args=(600.0, stop), daemon=True)
     lt.start()
     try:
-        # the server serves before the recording starts (once in CI it ran no step in the
-        # recording's 5 s and took 73 s for this test, against 21-48 s before: a stall the
-        # test did not see; this says how long the first request took)
-        served_s = load.wait_served()
+        served_s = load.wait_served()  # the server serves before the recording starts
         print(f"first request of the load finished after {served_s:.1f} s")
+        t0 = time.monotonic()
         out = run_rltperf("record", _target(server), "--duration", "5", "-o", str(vrec), "-q")
         assert out.returncode == 0, out.stderr
+        print(f"rltperf record took {time.monotonic() - t0:.1f} s: {out.stdout.strip()}")
     finally:
         stop.set()
         lt.join(90)

@@ -210,7 +210,8 @@ def test_a_failing_worker_profiler_fails_the_capture_with_its_reason_and_vllm_se
     flag.touch()
     stop = threading.Event()
     load = Load(vllm_server.url, conc=2, max_tokens=32)
-    t = threading.Thread(target=load.run, args=(60.0, stop), daemon=True)
+    # until the captures end, however slowly their commands start on cores the server saturates
+    t = threading.Thread(target=load.run, args=(600.0, stop), daemon=True)
     t.start()
     try:
         r = _cli(
