@@ -173,13 +173,22 @@ def cpu_model() -> str:
     return f"{name} ({os.cpu_count()} logical cores)"
 
 
+def platform_text() -> str:
+    """``platform.platform()``'s text (``Linux-6.1.0-x86_64-with-glibc2.36``) without its
+    fork: unpacking ``platform.uname()`` reads ``processor``, which forks ``uname -p``."""
+    u = os.uname()
+    lib, ver = platform.libc_ver()
+    tail = f"-with-{lib}{ver}" if lib else ""
+    return f"{u.sysname}-{u.release}-{u.machine}{tail}".replace(" ", "_")
+
+
 @lru_cache(maxsize=1)
 def environment() -> dict[str, Any]:
     """Facts the probe finds itself: versions, devices, driver (cached; ~50 ms)."""
     env: dict[str, Any] = {
         "host": socket.gethostname(),
         "python": platform.python_version(),
-        "platform": platform.platform(),
+        "platform": platform_text(),
         "cpu": cpu_model(),
     }
     try:
