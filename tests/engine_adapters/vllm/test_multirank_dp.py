@@ -208,7 +208,7 @@ def test_a_capture_holds_both_engines_and_report_says_2_of_2(dp2: Server, tmp_pa
     stop = threading.Event()
     busy = Load(dp2.url, conc=2, max_tokens=64, engine=1)
     trickle = Load(dp2.url, conc=1, max_tokens=2, engine=0, pause=1.5)
-    threads = [threading.Thread(target=x.run, args=(150.0, stop), daemon=True) for x in (busy, trickle)]
+    threads = [threading.Thread(target=x.run_until, args=(stop,), daemon=True) for x in (busy, trickle)]
     for t in threads:
         t.start()
     try:
@@ -243,7 +243,7 @@ def test_a_capture_with_an_idle_engine_ends_soon_after_the_busy_one_and_names_it
 
     stop = threading.Event()
     busy = Load(dp2.url, conc=2, max_tokens=64, engine=1)
-    t = threading.Thread(target=busy.run, args=(120.0, stop), daemon=True)
+    t = threading.Thread(target=busy.run_until, args=(stop,), daemon=True)
     t.start()
     try:
         time.sleep(2.0)
@@ -270,7 +270,7 @@ def test_one_engines_target_captures_that_engine_in_its_worker_through_the_plugi
     could only take every engine at once, from engine 0's target)."""
     stop = threading.Event()
     bg = Load(dp2.url, conc=4, max_tokens=64)
-    t = threading.Thread(target=bg.run, args=(90.0, stop), daemon=True)
+    t = threading.Thread(target=bg.run_until, args=(stop,), daemon=True)
     t.start()
     try:
         out = M.capture_in_process(f"vllm+http://127.0.0.1:{dp2.port}?engine=1", 4, tmp_path, timeout=90)

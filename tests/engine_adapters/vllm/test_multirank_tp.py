@@ -91,7 +91,7 @@ def tp2_run(tp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     assert recorder.returncode == 0, err[-2000:]
     stop = threading.Event()
     bg = Load(tp2.url, conc=2, max_tokens=64)
-    t = threading.Thread(target=bg.run, args=(150.0, stop), daemon=True)
+    t = threading.Thread(target=bg.run_until, args=(stop,), daemon=True)
     t.start()
     try:
         # in this process: a fresh rltperf process gets too little CPU beside a loaded

@@ -66,7 +66,7 @@ def ouro_run(ouro_server: Server, tmp_path_factory: pytest.TempPathFactory) -> d
     # a 4-step capture through vLLM's profiler while clients keep sending
     stop = threading.Event()
     bg = Load(ouro_server.url, conc=2, max_tokens=64)
-    t = threading.Thread(target=bg.run, args=(120.0, stop), daemon=True)
+    t = threading.Thread(target=bg.run_until, args=(stop,), daemon=True)
     t.start()
     try:
         time.sleep(1.0)

@@ -132,7 +132,7 @@ def test_rltperf_capture_without_profiler_dir(server: Server, tmp_path: Path) ->
     _announcement(server)
     stop = threading.Event()
     load = Load(server.url, conc=2, max_tokens=48)
-    lt = threading.Thread(target=load.run, args=(120.0, stop), daemon=True)
+    lt = threading.Thread(target=load.run_until, args=(stop,), daemon=True)
     lt.start()
     try:
         time.sleep(1.0)
@@ -171,7 +171,7 @@ async def test_c_in_the_monitor_captures_and_the_header_names_dtype_and_device(
     )
     stop = threading.Event()
     load = Load(server.url, conc=2, max_tokens=48)
-    lt = threading.Thread(target=load.run, args=(120.0, stop), daemon=True)
+    lt = threading.Thread(target=load.run_until, args=(stop,), daemon=True)
     lt.start()
     try:
         app = MonitorApp([TargetSpec(target=_target(server), adapter=adapter)], refresh_hz=4, capture_steps=4)
@@ -206,10 +206,8 @@ def test_summary_json_has_the_same_keys_for_every_kind_of_target(server: Server,
     stop = threading.Event()
     load = Load(server.url, conc=2, max_tokens=32)
     # the load runs until the recording has ended, however long `rltperf record` takes to
-    # start: on 2 cores that the server saturates, its 0.36 s of start-up CPU took 4-10 s of
-    # wall time here, and in CI a load capped at 60 s ended before the first scrape (every
-    # scrape read 0 steps after 507 requests were served)
-    lt = threading.Thread(target=load.run, args=(600.0, stop), daemon=True)
+    # start (Load.run_until: in CI a load capped at 60 s ended before its first scrape)
+    lt = threading.Thread(target=load.run_until, args=(stop,), daemon=True)
     lt.start()
     try:
         served_s = load.wait_served()  # the server serves before the recording starts

@@ -140,7 +140,7 @@ def test_capture_of_n_steps_gives_a_bundle_with_n_step_annotations(
     col = Collector(session)
     load = Load(ouro_server.url, conc=3, max_tokens=64)
     done_ev = threading.Event()
-    lt = threading.Thread(target=load.run, args=(120.0, done_ev), daemon=True)
+    lt = threading.Thread(target=load.run_until, args=(done_ev,), daemon=True)
     lt.start()
     try:
         time.sleep(1.0)
@@ -221,7 +221,7 @@ def test_close_during_a_capture_is_bounded_and_stops_the_profiler(
     col = Collector(session)
     load = Load(ouro_server.url, conc=2, max_tokens=64)
     done_ev = threading.Event()
-    lt = threading.Thread(target=load.run, args=(120.0, done_ev), daemon=True)
+    lt = threading.Thread(target=load.run_until, args=(done_ev,), daemon=True)
     lt.start()
     try:
         from engine_adapters.definitions.records import CaptureStarted

@@ -77,7 +77,7 @@ def run(vllm_server: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     Load(vllm_server.url, conc=2, max_tokens=16).run(2.0)  # warm
     stop = threading.Event()
     load = Load(vllm_server.url, conc=3, max_tokens=64)
-    t = threading.Thread(target=load.run, args=(150.0, stop), daemon=True)
+    t = threading.Thread(target=load.run_until, args=(stop,), daemon=True)
     t.start()
     recorder = subprocess.Popen(
         [sys.executable, "-m", "rltperf_tui.cli", "record", f"tcp://{vllm_server.probe}", "--duration", "300",
@@ -210,8 +210,7 @@ def test_a_failing_worker_profiler_fails_the_capture_with_its_reason_and_vllm_se
     flag.touch()
     stop = threading.Event()
     load = Load(vllm_server.url, conc=2, max_tokens=32)
-    # until the captures end, however slowly their commands start on cores the server saturates
-    t = threading.Thread(target=load.run, args=(600.0, stop), daemon=True)
+    t = threading.Thread(target=load.run_until, args=(stop,), daemon=True)
     t.start()
     try:
         r = _cli(
@@ -254,7 +253,7 @@ def test_c_on_the_servers_http_target_captures_in_the_workers_and_says_so(
     target = f"vllm+http://127.0.0.1:{vllm_server.port}"
     stop = threading.Event()
     load = Load(vllm_server.url, conc=2, max_tokens=48)
-    lt = threading.Thread(target=load.run, args=(120.0, stop), daemon=True)
+    lt = threading.Thread(target=load.run_until, args=(stop,), daemon=True)
     lt.start()
 
     async def press_c() -> tuple[list[Any], str]:

@@ -34,6 +34,8 @@ from tests.conftest import free_ports  # noqa: E402
 START_TIMEOUT_S = 600.0
 """A start takes 50-100 s on an idle 2-core machine; one under a load of 27 missed 300 s."""
 MODEL_NAME = "tiny"
+UNTIL_CAP_S = 600.0
+"""``Load.run_until``'s bound: a test that forgot to set its event still ends its load."""
 
 
 def vllm_missing_reason() -> str | None:
@@ -308,6 +310,14 @@ class Load:
             assert time.monotonic() - t0 < timeout, f"no request finished within {timeout:.0f} s"
             time.sleep(0.1)
         return time.monotonic() - t0
+
+    def run_until(self, until: threading.Event) -> tuple[float, float]:
+        """Load until ``until`` is set (at most ``UNTIL_CAP_S``): what a test runs beside the
+        commands it checks under load, however slowly they start.  On 2 cores a loaded
+        server saturates, ``rltperf record``'s 0.4 s of start-up CPU once took over 60 s,
+        and a load capped at 60 s had ended before its first scrape (every scrape read 0
+        steps)."""
+        return self.run(UNTIL_CAP_S, until)
 
     def run(self, seconds: float, until: threading.Event | None = None) -> tuple[float, float]:
         """Load for ``seconds`` (or until ``until`` is set); returns (first start, last end)
