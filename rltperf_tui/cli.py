@@ -2,7 +2,8 @@
 
 Each command module defines ``HELP`` (one line), ``DESCRIPTION`` (a paragraph),
 ``add_arguments(parser)`` and ``run(args) -> int``, and imports nothing heavy (torch,
-textual, vllm) at module level, so ``rltperf --help`` stays fast.
+textual, vllm) at module level, so ``rltperf --help`` stays fast.  A command line that
+names a command loads that command's module alone (``build_parser(only)``).
 """
 
 from __future__ import annotations
