@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -127,6 +127,23 @@ class Ring:
         if i < j or j == 0:
             return col[i : j or cap]
         return np.concatenate((col[i:], col[:j]))
+
+    def oldest(self, name: str) -> Any:
+        """The oldest kept value of a column (no copy; the ring must not be empty)."""
+        return self.cols[name][self.n % self.cap if self.n > self.cap else 0]
+
+    def search(self, name: str, value: int, side: Literal["left", "right"] = "left") -> int:
+        """``np.searchsorted`` over the kept rows of a column sorted oldest first (their
+        logical order), without joining the ring's two pieces: a copy of the whole ring
+        at every render tick, per call."""
+        col = self.cols[name]
+        if self.n <= self.cap:
+            return int(np.searchsorted(col[: self.n], value, side=side))
+        i = self.n % self.cap  # the oldest row; col[i:] then col[:i]
+        older = col[i:]
+        if (value < older[-1]) if side == "right" else (value <= older[-1]):
+            return int(np.searchsorted(older, value, side=side))
+        return older.size + int(np.searchsorted(col[:i], value, side=side))
 
     def last(self, name: str, k: int | None = None) -> np.ndarray:
         """The newest ``k`` (default all kept) values of a column, oldest first."""

@@ -110,7 +110,7 @@ class StepWindows:
         (None: it holds the whole stream)."""
         if self.steps.n <= len(self.steps) or not len(self.steps):
             return None
-        return int(self.steps.last("start", len(self.steps))[0])
+        return int(self.steps.oldest("start"))
 
     def bounds(self, seconds: float | None) -> tuple[int, int]:
         """``(w0, w1)`` of the window over the last ``seconds`` (None: the whole stream):
@@ -131,7 +131,7 @@ class StepWindows:
         rows = len(self.steps)
         if rows and seconds is not None:
             w0, _ = self.bounds(seconds)
-            rows -= int(np.searchsorted(self.steps.last("end"), w0, side="right"))
+            rows -= self.steps.search("end", w0, side="right")
         return rows
 
     def _window_cols(self, seconds: float | None, rows: int | None = None) -> Any:
@@ -305,13 +305,17 @@ class StepWindows:
         ok = R.last("ok")[rsl]
         ttft = R.last("ttft")[rsl]
         tpot = R.last("tpot")[rsl]
-        all_flags = self.steps.last("flags")
         clear = np.ones(ok.size, dtype=bool)
-        if ok.size and (all_flags & F.EXCLUDED_FLAGS).any():
-            a_start = self.steps.last("start")
-            a_end = self.steps.last("end")
-            spans = F.excluded_spans(a_start, a_end, all_flags)
-            clear = F.requests_clear_of(R.last("arrival")[rsl], rfin[rsl], spans)
+        if ok.size:
+            arrival = R.last("arrival")[rsl]
+            # the steps a request of the window can overlap (those ending after its arrival)
+            # and the one before them, whose end is where the first of them owns time from
+            kept = len(self.steps)
+            rows = min(kept, kept - self.steps.search("end", int(arrival.min()), side="right") + 1)
+            flags = self.steps.last("flags", rows)
+            if (flags & F.EXCLUDED_FLAGS).any():
+                spans = F.excluded_spans(self.steps.last("start", rows), self.steps.last("end", rows), flags)
+                clear = F.requests_clear_of(arrival, rfin[rsl], spans)
         ok_c = ok & clear
         goodput = None
         if slo_ttft_ms is not None or slo_tpot_ms is not None:
@@ -380,12 +384,12 @@ class StepWindows:
         n = len(self.steps)
         if not n:
             return out
-        end = self.steps.last("end")
-        lo = int(np.searchsorted(end, t0_ns, side="left"))
-        flags = self.steps.last("flags")[lo:]
+        rows = n - self.steps.search("end", t0_ns, side="left")
+        flags = self.steps.last("flags", rows)
         hit = (flags & F.EXCLUDED_FLAGS) != 0
         if hit.any():
-            cols = ((end[lo:][hit] - t0_ns) // int(bucket_s * 1e9)).astype(np.int64)
+            end = self.steps.last("end", rows)
+            cols = ((end[hit] - t0_ns) // int(bucket_s * 1e9)).astype(np.int64)
             cols = cols[(cols >= 0) & (cols < buckets)]
             out[cols] = 1
         return out

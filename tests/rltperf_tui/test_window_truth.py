@@ -112,6 +112,31 @@ def test_requests_in_flight_during_excluded_time_leave_the_latencies() -> None:
     assert w.ttft_ms["p99"] == pytest.approx(20.0)
 
 
+def test_a_request_inside_the_gap_an_excluded_step_owns_leaves_the_latencies() -> None:
+    # each step owns the time from the previous step's end: a request that lives wholly
+    # in the 5 ms gap before an exporting step lived in excluded time (the monitor reads
+    # only the steps that can overlap a window's requests, and the one before them)
+    steps = _steps(100, 10, 5, t0=S)  # step k: [S + 15k ms, S + 15k + 10 ms]
+    k = 50
+    steps[k] = steps[k].__class__(
+        **{**{f: getattr(steps[k], f) for f in steps[k].__struct_fields__}, "flags": FLAG_EXPORTING}
+    )
+    gap0 = S + (15 * k - 5) * MS
+    a = TargetStats()
+    a.add([_hello(), Stats(ts_ns=S), *steps])
+    a.add([RequestRecord(req_id="in-gap", arrival_ns=gap0 + MS, finish_ns=gap0 + 4 * MS,
+                         first_token_ns=gap0 + 2 * MS, output_tokens=2)])  # fmt: skip
+    for seconds in (None, 10.0):
+        w = a.window(seconds)
+        assert (w.requests_ok, w.requests_excluded) == (0, 1)
+    # and one that lived before it, with no excluded time, stays
+    a.add([RequestRecord(req_id="clean", arrival_ns=S + 100 * MS, finish_ns=S + 300 * MS,
+                         first_token_ns=S + 110 * MS, output_tokens=2)])  # fmt: skip
+    w = a.window(None)
+    assert (w.requests_ok, w.requests_excluded) == (1, 1)
+    assert w.ttft_ms["p50"] == pytest.approx(10.0)
+
+
 def test_the_bye_closes_the_recording_window() -> None:
     a = TargetStats()
     a.add([_hello(), Stats(ts_ns=S), *_steps(100, 10, 0, busy_ms=10, t0=S), Bye(reason="x", ts_ns=4 * S)])
