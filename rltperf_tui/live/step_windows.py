@@ -308,8 +308,7 @@ class StepWindows:
         clear = np.ones(ok.size, dtype=bool)
         if ok.size:
             arrival = R.last("arrival")[rsl]
-            # the steps a request of the window can overlap (those ending after its arrival)
-            # and the one before them, whose end is where the first of them owns time from
+            # the steps ending after its arrival, and the one before (where they own from)
             kept = len(self.steps)
             rows = min(kept, kept - self.steps.search("end", int(arrival.min()), side="right") + 1)
             flags = self.steps.last("flags", rows)

@@ -262,15 +262,14 @@ class MonitorApp(MonitorActions):
         if bar is None or not bar.is_attached:  # not composed yet, or shutting down
             return
         with self.batch_update():
-            bar.show(self._status())
-            if self.display_paused:
-                return
-            for h, col in zip(self.handles, self._columns, strict=False):
-                if not (h.dirty or h.capture_busy or self._silent_s(h, now) is not None):
-                    continue
-                h.dirty = False
-                col.show(self._panel_context(h, col, now))
-            self._show_replicas()
+            if not self.display_paused:
+                for h, col in zip(self.handles, self._columns, strict=False):
+                    if not (h.dirty or h.capture_busy or self._silent_s(h, now) is not None):
+                        continue
+                    h.dirty = False
+                    col.show(self._panel_context(h, col, now))
+                self._show_replicas()
+            bar.show(self._status())  # after the windows: it says when the ring cut one
 
     def _metrics_targets(self) -> list[TargetHandle]:
         """Targets that are metrics endpoints (scrapes, no step records)."""
@@ -314,6 +313,7 @@ class MonitorApp(MonitorActions):
         else:
             window = st.window(self.window_s, slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms)
             h.empty_window = (key, window) if st.step_free else None
+        h.held_s = window.span_s if window.ring_cut else None
         silent = self._silent_s(h, now)
         if silent is None:  # a hung target's window is stale
             self._act_on_fires(h, h.check_window(window))
@@ -365,6 +365,7 @@ class MonitorApp(MonitorActions):
             mode=replays[0] if replays and len(replays) == len(self.handles) else "live",
             targets=len(self.handles),
             window_s=self.window_s,
+            held_s=min((h.held_s for h in self.handles if h.held_s is not None), default=None),
             refresh_hz=self.refresh_hz,
             capture_steps=self.capture_steps,
             paused=self.display_paused,

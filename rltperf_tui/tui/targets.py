@@ -94,10 +94,13 @@ class TargetHandle(LiveTarget):
         self.last_heard = time.monotonic()
         """Monitor time the newest batch of this target's records arrived."""
         self.view_size: ViewSize | None = None
+        """The panel sizes its newest view was computed for."""
         self.empty_window: tuple[tuple[float, float | None, float | None], Window] | None = None
         """The window last computed while the target had no step or request (a metrics
         endpoint), by its parameters: it stays empty, and is not recomputed each tick."""
-        """The panel sizes its newest view was computed for."""
+        self.held_s: float | None = None
+        """The span its newest window covers when the step ring holds less than the window
+        (``Window.ring_cut``: a stream faster than the ring keeps for it); else None."""
 
 
 class RecordsBatch(Message):

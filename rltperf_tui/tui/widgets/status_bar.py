@@ -21,6 +21,9 @@ class StatusInfo:
     """Targets attached."""
     window_s: float = 10.0
     """Statistics window, seconds."""
+    held_s: float | None = None
+    """The shortest span a target's window covers when its step ring holds less than the
+    window (a stream faster than the ring keeps: ``Window.ring_cut``); None: all whole."""
     refresh_hz: float = 2.0
     """Render ticks per second."""
     capture_steps: int = 8
@@ -66,7 +69,10 @@ class StatusBar(Widget):
         ln.add(i.mode, "bold")
         if i.targets > 1:
             ln.add(f" · {i.targets} targets", "$text-muted")
-        ln.add(f" · window {i.window_s:g} s · {i.refresh_hz:g} Hz", "$text-muted")
+        ln.add(f" · window {i.window_s:g} s", "$text-muted")
+        if i.held_s is not None:  # the panels then cover less: say so where the window is named
+            ln.add(f" (ring holds {i.held_s:.1f} s)", "bold $warning")
+        ln.add(f" · {i.refresh_hz:g} Hz", "$text-muted")
         ln.add(" · capture ", "$text-muted").add(f"N={i.capture_steps}", "bold")
         if i.captures_active:
             ln.add(" " + i.captures_active, "bold $warning")

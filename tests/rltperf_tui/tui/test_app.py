@@ -291,6 +291,31 @@ async def test_timeline_axis_clips_a_rare_outlier_and_names_it(tmp_path: Path) -
     assert sum(r.count("█") for r in rows[: bottom + 1]) > 150  # the typical columns are tall
 
 
+@sync
+async def test_a_stream_faster_than_the_ring_keeps_says_so_in_the_bar_and_the_titles(tmp_path: Path) -> None:
+    """8 s of 0.2 ms steps (5 000 steps/s): the step ring keeps 32 768 of them, 6.55 s,
+    less than the 10 s window.  The panels' titles name the span they cover, and the
+    status bar, which names the window, says what the ring holds (it read "window 10 s"
+    alone while the panels covered 6.6 s)."""
+    rec = tmp_path / "fast.rltrec"
+    hello = Hello(schema=SCHEMA_VERSION, engine=EngineInfo(name="e"), stage_names=["forward"])
+    d = 200_000
+    steps = [StepRecord(step_id=i, start_ns=i * d, end_ns=(i + 1) * d, stage_ns=[d]) for i in range(40_000)]
+    with RecordingWriter(rec) as w:
+        w.write([hello, *steps])
+    adapter = ReplayAdapter(str(rec), speed=0.0)
+    app = MonitorApp([TargetSpec(target="fast", adapter=adapter, session=adapter.connect())])
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.handles[0].stats.state == "ended", what="end")
+        app.force_render()
+        await pilot.pause(0.1)
+        bar = str(app.query_one(StatusBar).render().plain)
+        title = str(app.query_one(LatencyPanel).border_title)
+    held = 32_768 * d / 1e9  # the ring's steps, back to back
+    assert f"window 10 s (ring holds {held:.1f} s)" in bar, bar
+    assert f"last {held:.1f} s" in title, title
+
+
 def test_recording_fixture_is_small() -> None:
     assert RECORDING.stat().st_size <= 1024 * 1024
 
