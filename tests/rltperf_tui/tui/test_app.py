@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -256,6 +257,21 @@ async def test_no_color_keeps_stages_apart(monkeypatch: pytest.MonkeyPatch) -> N
         assert "▓" in chart and "▒" in chart  # second and third stage glyphs
 
 
+def _replay_app(path: Path, records: list[Any]) -> MonitorApp:
+    """A monitor replaying ``records``, written to ``path``, as fast as they are read."""
+    with RecordingWriter(path) as w:
+        w.write(records)
+    adapter = ReplayAdapter(str(path), speed=0.0)
+    return MonitorApp([TargetSpec(target=path.stem, adapter=adapter, session=adapter.connect())])
+
+
+async def _replayed_to_the_end(app: MonitorApp, pilot: Any) -> None:
+    """Wait until the replay has ended, then draw its final figures."""
+    await wait_for(pilot, lambda: app.handles[0].stats.state == "ended", what="end")
+    app.force_render()
+    await pilot.pause(0.1)
+
+
 @sync
 async def test_timeline_axis_clips_a_rare_outlier_and_names_it(tmp_path: Path) -> None:
     """30 s of ~20 ms steps and one 3 s step (a capture's export, a stall): the axis
@@ -268,14 +284,9 @@ async def test_timeline_axis_clips_a_rare_outlier_and_names_it(tmp_path: Path) -
         d = 3_000_000_000 if i == 700 else 20_000_000 + (i % 7) * 1_000_000
         steps.append(StepRecord(step_id=i, start_ns=t, end_ns=t + d, stage_ns=[d // 10, d - d // 10]))
         t += d + 1_000_000
-    with RecordingWriter(rec) as w:
-        w.write([hello, *steps])
-    adapter = ReplayAdapter(str(rec), speed=0.0)
-    app = MonitorApp([TargetSpec(target="outlier", adapter=adapter, session=adapter.connect())])
+    app = _replay_app(rec, [hello, *steps])
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.handles[0].stats.state == "ended", what="end")
-        app.force_render()
-        await pilot.pause(0.1)
+        await _replayed_to_the_end(app, pilot)
         await drawn_at_final_size(pilot)
         chart = panel_text(app, StepTimeline)
         tl = app.query_one(StepTimeline).ctx.stats.timeline  # the buckets the chart drew
@@ -301,14 +312,9 @@ async def test_a_stream_faster_than_the_ring_keeps_says_so_in_the_bar_and_the_ti
     hello = Hello(schema=SCHEMA_VERSION, engine=EngineInfo(name="e"), stage_names=["forward"])
     d = 200_000
     steps = [StepRecord(step_id=i, start_ns=i * d, end_ns=(i + 1) * d, stage_ns=[d]) for i in range(40_000)]
-    with RecordingWriter(rec) as w:
-        w.write([hello, *steps])
-    adapter = ReplayAdapter(str(rec), speed=0.0)
-    app = MonitorApp([TargetSpec(target="fast", adapter=adapter, session=adapter.connect())])
+    app = _replay_app(rec, [hello, *steps])
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: app.handles[0].stats.state == "ended", what="end")
-        app.force_render()
-        await pilot.pause(0.1)
+        await _replayed_to_the_end(app, pilot)
         bar = str(app.query_one(StatusBar).render().plain)
         title = str(app.query_one(LatencyPanel).border_title)
     held = 32_768 * d / 1e9  # the ring's steps, back to back
