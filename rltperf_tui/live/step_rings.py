@@ -32,11 +32,15 @@ STEP_OPTS = attrgetter(
     "busy_ns", "flops", "kv_used", "kv_total", "waiting", "running", "bytes_read", "bytes_written"
 )
 STEP_LISTS = attrgetter("stage_ns", "exit_hist", "loop_ns", "loop_tokens")
+STEP_KIND = attrgetter("kind")
 
 
-def opt_column(values: Sequence[float | None]) -> Sequence[float]:
-    """A column of optional numbers with None as NaN (no copy when none is missing)."""
+def opt_column(values: Sequence[float | None]) -> Sequence[float] | np.ndarray:
+    """A column of optional numbers with None as NaN (no copy when none is missing; all
+    NaN in one call when the engine does not report the field at all)."""
     if None in values:
+        if values.count(None) == len(values):
+            return np.full(len(values), math.nan)
         return [math.nan if v is None else v for v in values]
     return values  # type: ignore[return-value]
 
@@ -327,11 +331,12 @@ def step_columns(
     else:
         nbytes = np.add(b_read, b_written, dtype=np.float64)
     kc = KIND_CODE
+    kinds = list(map(STEP_KIND, steps))
     cols: dict[str, Any] = {
         "step_id": ids,
         "start": start,
         "end": end,
-        "kind": [kc.get(s.kind, 0) for s in steps],
+        "kind": [kc.get(k, 0) for k in kinds] if kinds.count(kinds[0]) < n else [kc.get(kinds[0], 0)] * n,
         "batch": batch,
         "tokens": tokens,
         "prefill": prefill,
