@@ -45,8 +45,16 @@ def opt_column(values: Sequence[float | None]) -> Sequence[float] | np.ndarray:
     return values  # type: ignore[return-value]
 
 
-def opt_sum(a: Sequence[float | None], b: Sequence[float | None]) -> list[float]:
-    """a + b per row, None counting as 0, NaN when both are None (bytes read + written)."""
+def opt_sum(a: Sequence[float | None], b: Sequence[float | None]) -> list[float] | np.ndarray:
+    """a + b per row, None counting as 0, NaN when both are None (bytes read + written).
+    In one call when one side is never reported and the other always is (an engine that
+    counts bytes read alone), or neither is."""
+    n = len(a)
+    none_a, none_b = a.count(None), b.count(None)
+    if none_a == n and none_b in (0, n):
+        return np.asarray(b, dtype=np.float64) if none_b == 0 else np.full(n, math.nan)
+    if none_b == n and none_a == 0:
+        return np.asarray(a, dtype=np.float64)
     return [math.nan if x is None and y is None else (x or 0) + (y or 0) for x, y in zip(a, b, strict=True)]
 
 

@@ -125,8 +125,9 @@ def reference_add_steps(self: TargetStats, steps: list[StepRecord]) -> None:
 
 
 def _stream(seed: int, n: int, plain: bool = False) -> list[object]:
-    """``plain``: every step a decode step, no optional field reported (the fast paths of
-    a batch of one kind and a field no step has)."""
+    """``plain``: every step a decode step, no optional field reported but (even seeds)
+    the bytes read (the fast paths of a batch of one kind, of a field no step has, and of
+    bytes read without bytes written)."""
     rng = random.Random(seed)
     out: list[object] = []
     sid = 100
@@ -153,7 +154,7 @@ def _stream(seed: int, n: int, plain: bool = False) -> list[object]:
             step_id=sid, start_ns=t, end_ns=t + dur, kind="decode" if plain else rng.choice(["decode", "prefill", "mixed", "weird"]),
             stage_ns=lst(rng.randint(1, 30) if ragged else 9) or [], batch=rng.randint(0, 64),
             tokens=rng.randint(0, 512), prefill_tokens=rng.randint(0, 256), busy_ns=maybe(dur // 2),
-            bytes_read=maybe(rng.randint(0, 10**12)), bytes_written=maybe(rng.randint(0, 10**9)),
+            bytes_read=rng.randint(0, 10**12) if plain and seed % 2 == 0 else maybe(rng.randint(0, 10**12)), bytes_written=maybe(rng.randint(0, 10**9)),
             flops=maybe(rng.random() * 1e12), out_tokens=rng.randint(0, 64),
             exit_hist=lst(rng.randint(1, 20) if ragged else 4), loop_ns=lst(4), loop_tokens=lst(rng.randint(0, 18)),
             kv_used=maybe(rng.randint(0, 4096)), kv_total=maybe(4096), kv_per_depth=lst(4),
