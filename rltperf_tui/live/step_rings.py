@@ -47,10 +47,12 @@ def opt_column(values: Sequence[float | None]) -> Sequence[float] | np.ndarray:
 
 def opt_sum(a: Sequence[float | None], b: Sequence[float | None]) -> list[float] | np.ndarray:
     """a + b per row, None counting as 0, NaN when both are None (bytes read + written).
-    In one call when one side is never reported and the other always is (an engine that
-    counts bytes read alone), or neither is."""
+    In one call when each side is always or never reported (an engine that counts bytes
+    read alone, both, or neither)."""
     n = len(a)
     none_a, none_b = a.count(None), b.count(None)
+    if none_a == 0 and none_b == 0:
+        return np.add(a, b, dtype=np.float64)  # type: ignore[arg-type]  # no None on this path
     if none_a == n and none_b in (0, n):
         return np.asarray(b, dtype=np.float64) if none_b == 0 else np.full(n, math.nan)
     if none_b == n and none_a == 0:
@@ -333,11 +335,6 @@ def step_columns(
             b_read.count(None) < n or b_written.count(None) < n,
             flops.count(None) < n,
         )
-    nbytes: Any
-    if None in b_read or None in b_written:
-        nbytes = opt_sum(b_read, b_written)
-    else:
-        nbytes = np.add(b_read, b_written, dtype=np.float64)
     kc = KIND_CODE
     kinds = list(map(STEP_KIND, steps))
     cols: dict[str, Any] = {
@@ -350,7 +347,7 @@ def step_columns(
         "prefill": prefill,
         "out_tokens": out_tok,
         "busy": opt_column(busy),
-        "bytes": nbytes,
+        "bytes": opt_sum(b_read, b_written),
         "flops": opt_column(flops),
         "flags": flags,
         "kv_used": opt_column(kv_used),
