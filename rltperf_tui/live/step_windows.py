@@ -353,11 +353,7 @@ class StepWindows:
         last_b = self.clock.now_ns // bucket_ns
         first_b = last_b - buckets + 1
         acc.update(self.steps, first_b * bucket_ns - 1)
-        m = np.zeros((buckets, TimelineSums.HEAD + MAX_STAGES))
-        for i in range(buckets):
-            r = acc.sums.get(first_b + i)
-            if r is not None:
-                m[i] = r
+        m = acc.rows(first_b, buckets)
         cnt = m[:, 0]
         with np.errstate(invalid="ignore", divide="ignore"):
             per_step = m / cnt[:, None] / 1e6  # NaN where a bucket has no steps
@@ -432,16 +428,20 @@ class StepWindows:
         if idx.size == 0:
             return []
         names = stage_names or []
-        stages = self._window_cols(seconds, end.size)("stages")[:, : len(names)]
-        # each stage's median over the window, one contiguous row a stage (a copy: the
-        # partition reorders it)
-        med_st = column_medians(stages.T.copy(), overwrite_input=True) if names else np.zeros(0)
+        shown = idx[::-1][:limit]
+        at_gap = np.zeros((shown.size, 0), dtype=np.int64)
+        med_st = np.zeros(0)
+        if names:
+            # each stage's median over the window (the listed steps' own rows taken first)
+            by_stage = self.steps.last_t("stages", end.size, min(len(names), MAX_STAGES))
+            at_gap = by_stage[:, shown].T
+            med_st = column_medians(by_stage, overwrite_input=True)
         out: list[IdleGap] = []
-        for i in idx[::-1][:limit]:
+        for i, own in zip(shown.tolist(), at_gap, strict=True):
             grown = None
             grown_ms = None
             if names:
-                delta = stages[i] - med_st
+                delta = own - med_st
                 j = int(np.argmax(delta))
                 if delta[j] > 0:
                     grown, grown_ms = names[j], float(delta[j] / 1e6)

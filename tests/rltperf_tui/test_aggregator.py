@@ -183,6 +183,38 @@ def test_timeline_buckets_and_idle_gaps():
     assert set(tl["stage_ms"]) == {"schedule", "forward", "sample"}
 
 
+def test_idle_gaps_name_the_grown_stage_against_medians_of_a_wrapped_ring():
+    """The stage that grew most before each listed gap, by each stage's median over the
+    kept steps, computed from the records by numpy; on a ring that wrapped, so its
+    stage rows come from both pieces."""
+    rng = np.random.default_rng(11)
+    recs, t = [], 0
+    for i in range(700):
+        st = [int(x) for x in rng.integers(MS // 10, 2 * MS, 3)]
+        gap = 40 * MS if i % 97 == 0 else MS // 10
+        recs.append(StepRecord(step_id=i, start_ns=t, end_ns=t + sum(st), stage_ns=st))
+        t += sum(st) + gap
+    a = TargetStats(capacity=256)
+    a.add([_hello()])
+    for i in range(0, len(recs), 50):
+        a.add(recs[i : i + 50])
+    kept = recs[-256:]
+    gaps = a.idle_gaps(seconds=1e6, threshold_ms=20.0, limit=8)
+    stages = np.array([r.stage_ns for r in kept])
+    med = np.median(stages, axis=0)
+    want = []
+    for j in range(len(kept) - 2, -1, -1):
+        if kept[j + 1].start_ns - kept[j].end_ns > 20 * MS:
+            delta = stages[j] - med
+            best = int(np.argmax(delta))
+            named = ("schedule", "forward", "sample")[best] if delta[best] > 0 else None
+            want.append((kept[j].step_id, named, delta[best] / 1e6 if named else None))
+    assert len(want) == 3 and a.steps.n == 700  # the ring wrapped: kept rows in two pieces
+    got = [(g.after_step, g.grown_stage, g.grown_ms) for g in gaps]
+    assert [w[:2] for w in want] == [g[:2] for g in got]
+    assert [w[2] for w in want] == pytest.approx([g[2] for g in got])
+
+
 def _in_pieces(stats, recs, rng, most):
     """Add ``recs`` in uneven batches of 1 to ``most`` - 1; yield how many are in after each."""
     i = 0
@@ -245,6 +277,60 @@ def test_timeline_fed_in_pieces_equals_one_pass_over_the_window():
             assert _same(got["step_ms"], want["step_ms"])
             assert _same(got["stage_ms"]["forward"], want["forward"])
             assert _same(got["gap_ms"], want["gap_ms"])
+
+
+def test_timeline_memory_stays_fixed_over_a_long_run():
+    """The timeline's per-bucket sums live in a ring of a fixed number of buckets.  They
+    were a dict that nothing pruned (lost when the aggregator was split): a monitor left
+    open grew by one entry every bucket (0.2 s on a 160-column screen), ~100 MB a day.
+    Over 4 000 buckets, memory after the first 1 000 and at the end must agree, and the
+    chart still equal a computation from scratch."""
+    import tracemalloc
+
+    seconds, buckets = 3.0, 30  # 0.1-s buckets; the sums keep 60
+    a = TargetStats(capacity=2048)
+    a.add([_hello()])
+    tracemalloc.start()
+    try:
+        sid, t = 0, 0
+        at_1000 = 0
+        for batch in range(400):  # 1 s of 10-ms steps a batch
+            recs = _steps(100, 4, 6, start_id=sid, t0=t)
+            sid, t = sid + 100, t + 100 * 10 * MS
+            a.add(recs)
+            a.timeline(seconds, buckets)
+            if batch == 99:
+                at_1000 = tracemalloc.get_traced_memory()[0]
+        grown = tracemalloc.get_traced_memory()[0] - at_1000
+    finally:
+        tracemalloc.stop()
+    assert grown < 100_000, f"timeline memory grew by {grown} bytes over 3 000 buckets"
+    kept = _steps(sid, 4, 6)[-int(seconds * 100) - 10 :]
+    got = a.timeline(seconds, buckets)
+    want = _timeline_from_scratch(kept, a.now_ns, seconds, buckets)
+    assert got["t0_ns"] == want["t0_ns"] and got["steps"] == want["steps"] and sum(got["steps"]) >= 290
+    assert _same(got["step_ms"], want["step_ms"]) and _same(got["gap_ms"], want["gap_ms"])
+
+
+def test_timeline_after_a_quiet_spell_longer_than_its_ring():
+    """The engine goes quiet for 100 s, far more than the buckets the timeline's ring
+    keeps (60 of 0.1 s, all filled before), then steps for 1.5 s of the chart's 3: the
+    chart's empty buckets sit in slots still holding old buckets, and must read empty;
+    the filled ones must hold only the new steps (a computation from scratch)."""
+    before = _steps(600, 4, 6)
+    after = _steps(150, 4, 6, start_id=600, t0=before[-1].end_ns + 100_000 * MS)
+    a = TargetStats()
+    a.add([_hello()])
+    a.add(before)
+    a.timeline(3.0, 30)
+    a.add(after[:70])
+    a.timeline(3.0, 30)
+    a.add(after[70:])
+    got = a.timeline(3.0, 30)
+    want = _timeline_from_scratch([before[-1], *after], a.now_ns, 3.0, 30)  # the 100 s gap: step 600's
+    assert got["t0_ns"] == want["t0_ns"] and got["steps"] == want["steps"]
+    assert sum(got["steps"]) == 150 and got["steps"].count(0) >= 12
+    assert _same(got["step_ms"], want["step_ms"]) and _same(got["gap_ms"], want["gap_ms"])
 
 
 def test_window_sums_slid_forward_equal_a_fresh_window():
