@@ -250,17 +250,16 @@ def _one_capture(feed: Feed, mode: str, steps: int) -> dict[str, Any]:
 
 SETTLE_MAX_S = 180.0
 """The longest the memory run waits for a young engine's RSS to stop growing (``_settle``):
-~75 s at ~144 steps/s, about twice that at half the rate on a busy machine."""
+~28 s at ~144 steps/s, about twice that at half the rate on a busy machine."""
 
 
 def _settle(feed: Feed, mb: Any) -> float | None:
     """Read until the engine's RSS has stayed within 0.5 MB for three reads 2 s apart;
     the seconds that took (None: still growing after ``SETTLE_MAX_S``, or unknown).  A
-    fresh engine grows until its probe's 8,192-slot step ring is written once (a slot
-    keeps its step's extras until reused) beside the reader's 4,096 ``StepRecord``s: the
-    reference engine under closed:4 (~144 steps/s) grows ~13 MB and is flat from ~75 s
-    (gc at 40 -> 80 s: +10,761 lists, +3,405 dicts held by slots' extras).  Counted
-    during that growth, the captures were charged with part of it."""
+    fresh engine grows until its probe's reader holds its 4,096 recent ``StepRecord``s
+    (bundles' ``steps.jsonl``): the reference engine under closed:4 (~144 steps/s) is
+    flat from ~28 s (from 50-75 s, ~11 MB more, while ring slots kept their steps'
+    facts).  Counted during that growth, the captures were charged with part of it."""
     t0 = time.monotonic()
     seen: list[float] = []
     while time.monotonic() - t0 < SETTLE_MAX_S:
