@@ -269,7 +269,7 @@ class MonitorApp(MonitorActions):
                     h.dirty = False
                     col.show(self._panel_context(h, col, now))
                 self._show_replicas()
-            bar.show(self._status())  # after the windows: it says when the ring cut one
+            bar.show_status(self._status())  # after the windows: it says when the ring cut one
 
     def _metrics_targets(self) -> list[TargetHandle]:
         """Targets that are metrics endpoints (scrapes, no step records)."""

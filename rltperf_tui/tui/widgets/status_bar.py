@@ -1,13 +1,20 @@
-"""The one-line bar at the top: mode, window, capture length N, pause and recording state."""
+"""The one-line bar at the top: mode, window, capture length N, pause and recording state.
+
+A ``Panel`` without a border: its one row is framed by ``Panel.render_lines`` (styles
+resolved once), not by Textual's styles cache.  While the display is paused the bar is
+the only thing that changes ("+N records arrived", at each render tick), and drawing it
+through Textual's ``Content`` path cost ~1.5 ms a tick, most of the paused screen's
+update (``rltperf bench ingest``'s monitor, paused in a 160x48 pane).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from textual.content import Content
-from textual.widget import Widget
 
-from rltperf_tui.tui.widgets._fmt import Lines, fit_row
+from rltperf_tui.tui.widgets._fmt import Lines, Row, fit_row
+from rltperf_tui.tui.widgets.panel import Panel
 
 
 @dataclass
@@ -38,7 +45,7 @@ class StatusInfo:
     """Short text about captures in flight (``ops 3/8``)."""
 
 
-class StatusBar(Widget):
+class StatusBar(Panel):
     """Mode, window, N, pause and recording in one line (always visible, even at 80x24)."""
 
     DEFAULT_CSS = """
@@ -47,8 +54,6 @@ class StatusBar(Widget):
         height: 1;
         padding: 0 1;
         background: $panel;
-        text-wrap: nowrap;
-        text-overflow: ellipsis;
     }
     """
 
@@ -56,13 +61,15 @@ class StatusBar(Widget):
         super().__init__(id=id)
         self.info = StatusInfo()
 
-    def show(self, info: StatusInfo) -> None:
-        """Repaint with ``info`` when it changed."""
+    def show_status(self, info: StatusInfo) -> None:
+        """Repaint with ``info`` when it changed (the row, when its text changed)."""
         if info != self.info:
             self.info = info
-            self.refresh()
+            self._rebuild()
 
-    def render(self) -> Content:
+    def rows(self) -> list[Row]:
+        """The bar's one row (``Panel`` cuts it to the width at a word boundary with "…":
+        the CSS ellipsis would cut "+12,345 records" to "+12,3…")."""
         i = self.info
         ln = Lines()
         ln.add("rltperf ", "bold $accent")
@@ -83,11 +90,11 @@ class StatusBar(Widget):
             ln.add("  ● REC", "bold $error")
             if i.recording > 1:
                 ln.add(f" x{i.recording}", "bold $error")
-        # too long for the bar: cut at a word boundary with "…" (the CSS ellipsis, the
-        # fallback, would cut "+12,345 records" to "+12,3…")
-        row = ln.rows()[0] if ln.rows() else ()
+        return ln.rows()[:1]
+
+    def render(self) -> Content:
+        """The row as shown at the bar's width, as ``Content`` (tests read its text)."""
+        row = self.rows()[0]
         width = self.content_size.width
         fitted = fit_row(row, width) if width > 0 else None
-        if fitted is None:
-            return ln.build()
-        return Content.assemble(*((t, st) if st else t for t, st in fitted))
+        return Content.assemble(*((t, st) if st else t for t, st in (fitted or row)))
