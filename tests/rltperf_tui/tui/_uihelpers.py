@@ -14,6 +14,7 @@ from textual.pilot import Pilot
 from engine_adapters.monitor.replay import ReplayAdapter
 from rltperf_tui.tui.app import MonitorApp, TargetSpec
 from rltperf_tui.tui.widgets.panel import Panel
+from rltperf_tui.tui.widgets.status_bar import StatusBar
 from rltperf_tui.tui.widgets.target_column import TargetColumn
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -69,6 +70,18 @@ async def replay_finished(pilot: Pilot[int]) -> None:
     app.force_render()
     await pilot.pause(0.2)
     await drawn_at_final_size(pilot)
+
+
+async def paused_with_records_arriving(pilot: Pilot[int]) -> StatusBar:
+    """Pause the display of a replay running at its recorded speed (a second in) and wait
+    until the status bar counts records that arrived since; the bar."""
+    await pilot.pause(1.0)
+    await pilot.press("space")
+    bar = pilot.app.query_one(StatusBar)
+    # records keep arriving while the display is paused (a loaded machine: wait for them)
+    await wait_for(pilot, lambda: bar.info.paused and bar.info.paused_records > 0, timeout=20,
+                   what="records counted while paused")  # fmt: skip
+    return bar
 
 
 def sync(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:

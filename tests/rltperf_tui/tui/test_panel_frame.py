@@ -21,7 +21,14 @@ from textual.widget import Widget
 from rltperf_tui.live.view import LifetimeView
 from rltperf_tui.tui.app import MonitorApp, TargetSpec
 from rltperf_tui.tui.widgets.panel import Panel
-from tests.rltperf_tui.tui._uihelpers import drawn_at_final_size, replay_finished, replay_spec, sync, wait_for
+from tests.rltperf_tui.tui._uihelpers import (
+    drawn_at_final_size,
+    paused_with_records_arriving,
+    replay_finished,
+    replay_spec,
+    sync,
+    wait_for,
+)
 from tests.rltperf_tui.tui.test_server_view import vllm_spec
 
 
@@ -265,8 +272,6 @@ async def test_a_paused_display_writes_the_status_row_framed_by_the_bar_itself(
     styles cache: that path cost ~1.5 ms a tick, most of a paused screen's update."""
     from textual._styles_cache import StylesCache
 
-    from rltperf_tui.tui.widgets.status_bar import StatusBar
-
     through_textual: list[str] = []
     render_widget = StylesCache.render_widget
 
@@ -277,11 +282,7 @@ async def test_a_paused_display_writes_the_status_row_framed_by_the_bar_itself(
     updates = _updates_written(monkeypatch)
     app = MonitorApp([replay_spec(speed=1.0)])
     async with app.run_test(size=(120, 30)) as pilot:
-        await pilot.pause(1.0)
-        await pilot.press("space")
-        bar = app.query_one(StatusBar)
-        await wait_for(pilot, lambda: bar.info.paused and bar.info.paused_records > 0, timeout=20,
-                       what="records counted while paused")  # fmt: skip
+        bar = await paused_with_records_arriving(pilot)
         monkeypatch.setattr(StylesCache, "render_widget", spy)
         updates.clear()
         seen = bar.info.paused_records

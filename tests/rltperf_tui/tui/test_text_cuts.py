@@ -12,7 +12,7 @@ import pytest
 from rltperf_tui.tui.app import MonitorApp
 from rltperf_tui.tui.widgets.panel import Panel
 from rltperf_tui.tui.widgets.step_timeline import StepTimeline
-from tests.rltperf_tui.tui._uihelpers import replay_finished, replay_spec, sync, wait_for
+from tests.rltperf_tui.tui._uihelpers import paused_with_records_arriving, replay_finished, replay_spec, sync
 
 CUT_NUMBER = re.compile(r"[\d.]…")
 
@@ -48,16 +48,9 @@ async def test_no_panel_line_cuts_a_number(size: tuple[int, int]) -> None:
 async def test_status_bar_never_cuts_a_number() -> None:
     """The always-visible status bar, display paused with records arriving, at every
     other width from 60 to 110: a cut is at a word boundary ("+12,3…" was possible)."""
-    from rltperf_tui.tui.widgets.status_bar import StatusBar
-
     app = MonitorApp([replay_spec(speed=1.0)])
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(1.0)
-        await pilot.press("space")
-        sb = app.query_one(StatusBar)
-        # records keep arriving while the display is paused (a loaded machine: wait for them)
-        await wait_for(pilot, lambda: sb.info.paused and sb.info.paused_records > 0, timeout=20,
-                       what="records counted while paused")  # fmt: skip
+        sb = await paused_with_records_arriving(pilot)
         cuts = 0
         for w in range(60, 111, 2):
             await pilot.resize_terminal(w, 24)
