@@ -322,7 +322,12 @@ def test_plugin_stage_timings_sum_to_the_step_wall_time(plugin_run: dict[str, An
     # wrapper's few microseconds between the step's start and that mark: measured p50
     # 5 us, p99 10-15 us.  Rarely (1 of ~470 steps in each of two runs, 0.8 and 1.5 ms,
     # with and without the fault directory) another thread of the engine core takes the
-    # GIL in that window: that is the only kind of step allowed past 5 %, and only rarely.
+    # GIL in that window: that is the only kind of step allowed past 5 %.  How rarely
+    # depends on the machine's load, not on the probe: a fresh-clone suite run had 9 such
+    # steps of 835, within 100 step ids of one another (a busy spell of another thread;
+    # 0.8-2.3 ms each), against a bound of 1 % of the steps.  So the bound is on what the
+    # stages leave out in all: under 1 % of the steps' wall time.  A stage missing from
+    # every step, or a first mark late in each, is far more than that.
     gaps = [(s.end_ns - s.start_ns) - sum(s.stage_ns) for s in steps]
     assert all(g >= 0 for g in gaps), min(gaps)  # no stage outlasts its step
     assert statistics.median(gaps) <= 50_000, statistics.median(gaps)
@@ -331,7 +336,9 @@ def test_plugin_stage_timings_sum_to_the_step_wall_time(plugin_run: dict[str, An
         for s, g in zip(steps, gaps, strict=True)
         if g > 0.05 * (s.end_ns - s.start_ns)
     ]
-    assert len(over) <= max(1, len(steps) // 100), (len(steps), over)
+    wall = sum(s.end_ns - s.start_ns for s in steps)
+    assert sum(gaps) <= 0.01 * wall, (sum(gaps), wall, len(steps), over)
+    assert len(over) <= max(1, len(steps) // 20), (len(steps), over)  # still the exception
     decode = [s for s in steps if s.kind == "decode"]
     assert decode and all(s.stage_ns[2] > 0 and s.stage_ns[4] > 0 for s in decode)
     assert {s.kind for s in steps} >= {"decode", "prefill"} or {s.kind for s in steps} >= {"decode", "mixed"}
