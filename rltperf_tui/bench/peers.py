@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine_adapters.monitor.vllm.adapter import DEFAULT_INTERVAL_S
 from rltperf_tui.bench import SOURCE_ROOT
 
 HELP = "monitor CPU and RSS beside vllm-htop's, side by side in tmux on one vLLM server"
@@ -197,6 +198,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "duration_s": args.duration,
         "warmup_s": args.warmup,
         "htop_interval_s": args.interval if missing is None else None,
+        "rltperf_scrape_s": DEFAULT_INTERVAL_S,
         "htop_missing": missing,
         "notes": notes,
         "monitors": {
@@ -230,6 +232,13 @@ def print_text(r: dict[str, Any]) -> None:
         return
     print(f"{r['target']}: each monitor in its own {r['size']} tmux pane, the same {r['duration_s']:g} s "
           f"after {r['warmup_s']:g} s, {r['rounds']} round(s); CPU (run time from /proc) as a fraction of one core")  # fmt: skip
+    # what each one polls is not in its command line: say it beside the figures
+    polls = (
+        f"  rltperf scrapes /metrics every {r['rltperf_scrape_s']:g} s (the vllm+http:// adapter's default)"
+    )
+    if r["htop_interval_s"] is not None:
+        polls += f"; vllm-htop polls every {r['htop_interval_s']:g} s (--interval)"
+    print(polls)
     for name, m in r["monitors"].items():
         cpus = " ".join(f"{c:.2%}" for c in m["cpu_fraction"])
         med = m["cpu_fraction_median"]
