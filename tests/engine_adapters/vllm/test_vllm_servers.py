@@ -147,11 +147,17 @@ def test_in_a_parallel_run_one_worker_runs_every_kind_user_in_order(tmp_path: Pa
     trace = _write_suite(tmp_path)
     for i in range(4):  # enough plain modules that both workers get some
         (tmp_path / f"test_plain_{i}.py").write_text(_TRACK + f"def test_p{i}():\n    track('p{i}')\n")
+    # a vllm module using no kind starts a server of its own (the TP 2 and DP 2 modules):
+    # it runs on the kind users' worker too, before them, never beside their servers
+    (tmp_path / "test_own.py").write_text(
+        "import pytest\npytestmark = pytest.mark.vllm\ndef test_own_1():\n    pass\ndef test_own_2():\n    pass\n"
+    )
     p = _pytest(tmp_path, "-n", "2", "--dist", "loadgroup", env={"TRACE": str(trace)})
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
-    kind_rows = [r for r in rows if r[0] in ("test_a1", "test_a2", "test_ab", "test_b1")]
-    assert [r[0] for r in kind_rows] == ["test_a1", "test_a2", "test_ab", "test_b1"], rows
+    group = ["test_own_1", "test_own_2", "test_a1", "test_a2", "test_ab", "test_b1"]
+    kind_rows = [r for r in rows if r[0] in group]
+    assert [r[0] for r in kind_rows] == group, rows
     assert len({r[1] for r in kind_rows}) == 1 and kind_rows[0][1], rows  # one worker
     dirs: dict[str, set[str]] = {}
     for _, worker, runtime in rows:

@@ -43,10 +43,11 @@ Announcements go to a private runtime directory of the session
 server on the machine and no earlier run is seen.
 
 Parallel runs (``pytest -n N --dist loadgroup``; the README's command stays serial).
-Every test that uses a kind is also marked ``xdist_group("vllm-servers")``, so
-pytest-xdist sends all of them, in the order above, to one worker: that worker's pool is
-the only one, no server starts twice and at most two are up at once, while the other
-workers run the rest of the suite, a module at a time (each other test's group is its
+Every test that uses a kind, and every other test marked ``vllm`` (those start a server
+of their own: the TP 2 and DP 2 modules, the plugin checks), is also marked
+``xdist_group("vllm-servers")``, so pytest-xdist sends all of them, in the order above,
+to one worker: that worker's pool is the only one, no server starts twice, at most two
+are up at once and never on two workers, while the other workers run the rest of the suite, a module at a time (each other test's group is its
 module, so a module-scoped engine or server starts once).  Each worker has its own
 announcement directory, so a test elsewhere never sees the servers of this group.  The
 servers' start counts of every worker are summed in the final summary.
@@ -294,13 +295,19 @@ class _Marks:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        """Mark every test using a kind ``vllm`` and ``xdist_group(XDIST_GROUP)``, and
-        every other test ``xdist_group(its module)``: a module's fixtures (an engine, a
-        TP 2 server) then start on one worker only.  First: an xdist worker turns the
+        """Mark every test using a kind ``vllm``, and it and every other ``vllm`` test
+        ``xdist_group(XDIST_GROUP)``; every other test ``xdist_group(its module)``: a
+        module's fixtures (an engine, a TP 2 server) then start on one worker only, and
+        no two workers run a vLLM server at once.  First: an xdist worker turns the
         group into the test's id in its own hook of this name."""
         for item in items:
-            if _kinds_of(item):
-                item.add_marker(pytest.mark.vllm)
+            kinds = _kinds_of(item)
+            if kinds or item.get_closest_marker("vllm") is not None:
+                # a vllm test using no kind starts a server of its own (a TP 2 or DP 2
+                # module's, a plugin check's): beside the group's, two servers would share
+                # the cores and a loaded one's clients time out
+                if kinds:
+                    item.add_marker(pytest.mark.vllm)
                 item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
             elif item.get_closest_marker("xdist_group") is None:
                 item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
