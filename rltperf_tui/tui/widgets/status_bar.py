@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual.content import Content
-
 from rltperf_tui.tui.widgets._fmt import Lines, Row, fit_row
 from rltperf_tui.tui.widgets.panel import Panel
 
@@ -92,9 +90,9 @@ class StatusBar(Panel):
                 ln.add(f" x{i.recording}", "bold $error")
         return ln.rows()[:1]
 
-    def render(self) -> Content:
-        """The row as shown at the bar's width, as ``Content`` (tests read its text)."""
+    def shown_text(self) -> str:
+        """The row's text as shown at the bar's width, cut where ``Panel`` cuts it (tests read it)."""
         row = self.rows()[0]
         width = self.content_size.width
         fitted = fit_row(row, width) if width > 0 else None
-        return Content.assemble(*((t, st) if st else t for t, st in (fitted or row)))
+        return "".join(t for t, _ in (fitted or row))

@@ -198,7 +198,7 @@ async def test_replay_keys_pause_speed_and_help() -> None:
         await pilot.press("space")
         assert app.display_paused
         await pilot.pause(0.3)
-        assert "DISPLAY PAUSED" in str(app.query_one(StatusBar).render().plain)
+        assert "DISPLAY PAUSED" in app.query_one(StatusBar).shown_text()
         await pilot.press("space")
         assert not app.display_paused
         await pilot.press("question_mark")
@@ -315,7 +315,7 @@ async def test_a_stream_faster_than_the_ring_keeps_says_so_in_the_bar_and_the_ti
     app = _replay_app(rec, [hello, *steps])
     async with app.run_test(size=(160, 48)) as pilot:
         await _replayed_to_the_end(app, pilot)
-        bar = str(app.query_one(StatusBar).render().plain)
+        bar = app.query_one(StatusBar).shown_text()
         title = str(app.query_one(LatencyPanel).border_title)
     held = 32_768 * d / 1e9  # the ring's steps, back to back
     assert f"window 10 s (ring holds {held:.1f} s)" in bar, bar
@@ -423,7 +423,7 @@ async def test_capture_states_on_screen() -> None:
         assert (
             re.search(r"full N=8\s+capturing 3/8 █+", text) and "from step 100" in text and "cold" in text
         ), text
-        assert "full 3/8" in str(app.query_one(StatusBar).render().plain)
+        assert "full 3/8" in app.query_one(StatusBar).shown_text()
         h.stats.add([CaptureExporting(capture_id="c1", since_ns=1)])
         app.force_render()
         await pilot.pause(0.05)
@@ -489,11 +489,11 @@ async def test_replay_shows_position_length_speed_and_pause() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         h = app.handles[0]
         bar = app.query_one(StatusBar)
-        await wait_for(pilot, lambda: len(h.stats.steps) > 0 and "…" not in str(bar.render().plain),
+        await wait_for(pilot, lambda: len(h.stats.steps) > 0 and "…" not in bar.shown_text(),
                        what="replayed steps and the recording's length")  # fmt: skip
         await pilot.pause(1.0)
         app.force_render()
-        pos, total, rest = _replay_clock(str(bar.render().plain))
+        pos, total, rest = _replay_clock(bar.shown_text())
         assert total == pytest.approx(span, abs=0.051)  # shown to a tenth
         assert 0 < pos < total and rest.startswith("4× ▶")
         await pilot.press("p")
@@ -505,17 +505,17 @@ async def test_replay_shows_position_length_speed_and_pause() -> None:
         for _ in range(30):
             await pilot.pause(0.3)
             app.force_render()
-            at, _, rest = _replay_clock(str(bar.render().plain))
+            at, _, rest = _replay_clock(bar.shown_text())
             if at == paused_at:
                 break
             paused_at = at
         assert "❚❚ paused" in rest and paused_at >= pos
         await pilot.pause(0.8)  # 3.2 s of data at 4x, were it playing
         app.force_render()
-        assert _replay_clock(str(bar.render().plain))[0] == paused_at
+        assert _replay_clock(bar.shown_text())[0] == paused_at
         await pilot.press("p", "plus")
         await wait_for(pilot, lambda: h.stats.state == "ended", timeout=30, what="end of replay")
         app.force_render()
         await pilot.pause(0.1)
-        pos, total, rest = _replay_clock(str(bar.render().plain))
+        pos, total, rest = _replay_clock(bar.shown_text())
         assert pos == total and rest.startswith("8×, ended ·")
