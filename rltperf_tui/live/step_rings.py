@@ -159,6 +159,12 @@ class Ring:
             return int(np.searchsorted(older, value, side=side))
         return older.size + int(np.searchsorted(col[:i], value, side=side))
 
+    def _newest(self, k: int) -> tuple[int, int]:
+        """Where the newest ``k`` rows lie in the arrays: ``col[start:end]``, or, when
+        ``start`` < 0 (they wrap), ``col[start:]`` then ``col[:end]``."""
+        end = self.n % self.cap
+        return end - k, end
+
     def last(self, name: str, k: int | None = None) -> np.ndarray:
         """The newest ``k`` (default all kept) values of a column, oldest first."""
         size = len(self)
@@ -167,8 +173,7 @@ class Ring:
             col = self.cols[name]
             return col[:0]
         col = self.cols[name]
-        end = self.n % self.cap if self.n >= self.cap else self.n
-        start = end - k
+        start, end = self._newest(k)
         if start >= 0:
             return col[start:end]
         return np.concatenate((col[start:], col[:end]))
@@ -183,8 +188,7 @@ class Ring:
         out = np.empty((width, max(k, 0)), dtype=col.dtype)
         if k <= 0:
             return out
-        end = self.n % self.cap if self.n >= self.cap else self.n
-        start = end - k
+        start, end = self._newest(k)
         if start >= 0:
             out[:] = col[start:end, :width].T
         else:

@@ -28,14 +28,16 @@ def _ring(cap: int, values: list[int]) -> Ring:
     steps=st.lists(st.integers(0, 4), min_size=1, max_size=40),
     probe=st.integers(-2, 90),
     side=st.sampled_from(["left", "right"]),
+    k=st.integers(0, 14),
 )
 def test_search_and_oldest_equal_numpy_on_the_kept_rows(
-    cap: int, steps: list[int], probe: int, side: str
+    cap: int, steps: list[int], probe: int, side: str, k: int
 ) -> None:
     values = np.cumsum(steps).tolist()  # sorted, with repeats (steps of 0)
     r = _ring(cap, values)
     kept = np.asarray(values[-cap:], dtype=np.int64)  # the plain copy: what the ring keeps
     assert np.array_equal(r.last("end"), kept)
+    assert np.array_equal(r.last("end", k), kept[len(kept) - min(k, len(kept)) :])
     assert r.search("end", probe, side=side) == int(np.searchsorted(kept, probe, side=side))
     assert r.oldest("end") == kept[0]
 
