@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import msgspec
@@ -21,7 +23,7 @@ from engine_adapters.definitions.wire import encode
 from engine_adapters.monitor.base import AdapterConnectionError
 from engine_adapters.monitor.tcp import ProbeAdapter
 from rltperf_tui.analysis.summary import load_recording
-from tests.conftest import LOOP_ENGINE, ROOT, run_queue_s, start_engine
+from tests.conftest import LOOP_ENGINE, ROOT, start_engine
 
 
 def _cpu_s(pid: int, tid: int | None = None) -> float:
@@ -32,35 +34,81 @@ def _cpu_s(pid: int, tid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _run_s(pid: int) -> float:
+    """Seconds the process's main thread (the reference engine's step loop) has run on a
+    core (``/proc/PID/task/PID/schedstat``, first field, ns)."""
+    with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
 def _rate(target: str, seconds: float, pid: int | None = None) -> Any:
     """Engine steps per second, counted by the steps' own end times (the probe's clock,
     CLOCK_MONOTONIC as here) over ``seconds`` read by a healthy subscriber.
 
-    With ``pid`` (the reference engine, whose main thread runs the steps): steps per second
-    of the time the step loop was not waiting on a run queue (the wall time less its
-    run-queue wait, ``run_queue_s``: other tenants' load is taken out, a step loop blocked
-    on a lock or the GIL is not), and the CPU the engine's other threads (the probe's) used per wall
-    second, in cores."""
+    With ``pid`` (the reference engine, whose main thread runs the steps), a ``Pace``: the
+    longest stretch of those seconds in which no step ended (a step loop that stopped, on a
+    lock or a full socket, shows the whole stop here; a loaded machine moves it by
+    milliseconds), the step loop's CPU per step (more work on the step path shows here;
+    time spent waiting, for a core or for the GIL, does not), and the CPU the engine's
+    other threads (the probe's) used per wall second, in cores."""
     s = ProbeAdapter(target, reconnect=False).connect()
     try:
         ends: list[int] = []
-        c0 = (_cpu_s(pid), _cpu_s(pid, pid), run_queue_s(pid)) if pid else (0.0, 0.0, 0.0)
+        c0 = (_cpu_s(pid), _cpu_s(pid, pid), _run_s(pid)) if pid else (0.0, 0.0, 0.0)
         t0 = time.monotonic_ns()
         while time.monotonic_ns() - t0 < seconds * 1e9:
             ends += [r.end_ns for r in s.read(0.1) if isinstance(r, StepRecord)]
         t1 = time.monotonic_ns()
-        c1 = (_cpu_s(pid), _cpu_s(pid, pid), run_queue_s(pid)) if pid else (0.0, 0.0, 0.0)
+        c1 = (_cpu_s(pid), _cpu_s(pid, pid), _run_s(pid)) if pid else (0.0, 0.0, 0.0)
         drain = time.monotonic() + 0.5  # the records of the steps that ended before t1
         while time.monotonic() < drain:
             ends += [r.end_ns for r in s.read(0.1) if isinstance(r, StepRecord)]
-        n = sum(t0 <= e < t1 for e in ends)
+        inside = sorted(e for e in ends if t0 <= e < t1)
         wall = (t1 - t0) / 1e9
         if pid is None:
-            return n / wall
+            return len(inside) / wall
+        edges = [t0, *inside, t1]
         other = (c1[0] - c1[1]) - (c0[0] - c0[1])
-        return n / (wall - (c1[2] - c0[2])), other / wall
+        return Pace(
+            steps=len(inside),
+            longest_stop_s=max(b - a for a, b in pairwise(edges)) / 1e9,
+            loop_us_per_step=(c1[2] - c0[2]) / max(1, len(inside)) * 1e6,
+            probe_cores=other / wall,
+        )
     finally:
         s.close()
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How the reference engine's step loop ran over a stretch of time (``_rate``)."""
+
+    steps: int
+    longest_stop_s: float
+    loop_us_per_step: float
+    probe_cores: float
+
+    def holds_against(self, before: Pace, stop_s: float = 2.0) -> list[str]:
+        """What says the engine was harmed, against ``before`` (empty: nothing).
+
+        Not the step rate over the loop's unqueued time (this test's bound until
+        2026-12-05): beside a second pytest worker it fell to 0.44 of the rate before a
+        stalled subscriber, with nothing blocked (most likely the probe's threads were
+        preempted holding the GIL and the loop slept on it, which run-queue time does not
+        count).  Each figure here is CPU time, which waiting does not move, or a stop of
+        seconds, which contention does not make: quiet and beside two CPU hogs the longest
+        stop read 0.006-0.31 s and the CPU per step 0.81-1.22x its figure before, while the
+        engine stopped with SIGSTOP for 1.5 s read a stop of 1.50-1.51 s."""
+        bad = []
+        if self.longest_stop_s >= stop_s:
+            bad.append(f"the step loop stopped for {self.longest_stop_s:.2f} s")
+        if self.loop_us_per_step > 1.5 * before.loop_us_per_step:
+            bad.append(
+                f"the step loop's CPU per step grew {self.loop_us_per_step / before.loop_us_per_step:.2f}x"
+            )
+        if self.probe_cores >= before.probe_cores + 0.10:
+            bad.append(f"the probe's threads used {self.probe_cores - before.probe_cores:.3f} cores more")
+        return bad
 
 
 @pytest.mark.slow
@@ -98,14 +146,13 @@ def test_stalled_subscriber_loses_oldest_and_never_slows_the_engine(loop_engine,
         if sub.poll() is None:
             os.kill(sub.pid, signal.SIGCONT)
             sub.kill()
-    print(f"steps/s of unqueued step-loop time, probe threads' CPU (cores): before {before}, during {during}")
+    print(f"before {before}, during {during}")
     assert sub.returncode == 0, err
-    # While a subscriber is stalled the probe does not work harder (the CPU of the engine's
-    # threads other than the step loop, within 10 % of a core) and the step loop is never
-    # blocked (its rate over the time it was not waiting for a core: a blocked loop would
-    # drop to ~0; other tenants' load is taken out, so the bound can be close).
-    assert during[1] < before[1] + 0.10, (before, during)
-    assert during[0] > 0.5 * before[0], (before, during)
+    # While a subscriber is stalled the step loop never stops (a send blocked on its full
+    # socket would stop it for the whole 8 s), does no more work per step, and the probe's
+    # threads do not work harder (Pace.holds_against)
+    assert before.steps > 100 and during.steps > 100, (before, during)
+    assert during.holds_against(before) == [], (before, during)
     stats, _, _ = load_recording(rec)
     assert stats.dropped_sub > 0, "the stalled subscriber must see a non-zero drop count"
     assert stats.dropped > 0
@@ -338,12 +385,12 @@ def test_a_ping_flood_does_not_slow_the_engine_for_other_subscribers(loop_engine
     finally:
         stop.set()
         t.join(10)
-    print(f"steps/s of unqueued step-loop time, probe threads' CPU (cores): before {before}, during {during}")
+    print(f"before {before}, during {during}")
     assert state["closed"] == 1 and state["pings"] > 0, state
     # The probe's threads spend no more than 10 % of a core more while the client floods
     # (a healthy subscriber's stream costs them 4-14 % here; a spinning probe would be ~100 %),
-    # and the step rate the well-behaved subscriber sees holds (over the time the step loop
-    # was not waiting for a core: a loaded machine's other tenants move the wall rate 5x).
-    assert during[1] < before[1] + 0.10, (before, during, state)
-    assert during[0] > 0.7 * before[0], (before, during, state)
+    # the step loop the well-behaved subscriber sees never stops and does no more work per
+    # step (Pace.holds_against)
+    assert before.steps > 100 and during.steps > 100, (before, during, state)
+    assert during.holds_against(before) == [], (before, during, state)
     assert "flooding" in loop_engine.log_text()
