@@ -47,8 +47,9 @@ Every test that uses a kind, and every other test marked ``vllm`` (those start a
 of their own: the TP 2 and DP 2 modules, the plugin checks), is also marked
 ``xdist_group("vllm-servers")``, so pytest-xdist sends all of them, in the order above,
 to one worker: that worker's pool is the only one, no server starts twice, at most two
-are up at once and never on two workers, while the other workers run the rest of the suite, a module at a time (each other test's group is its
-module, so a module-scoped engine or server starts once).  Each worker has its own
+are up at once and never on two workers, while the other workers run the rest of the
+suite, a module at a time (each other test's group is its module, so a module-scoped
+engine starts once).  Each worker has its own
 announcement directory, so a test elsewhere never sees the servers of this group.  The
 servers' start counts of every worker are summed in the final summary.
 
