@@ -162,14 +162,26 @@ def start_engine(
     raise RuntimeError("engine did not print its address in time")
 
 
+def _schedstat(pid: int, tid: int | None, field: int) -> float:
+    """A field of ``/proc/PID/task/TID/schedstat`` (ns) in seconds: 0 run time, 1 run-queue wait."""
+    with open(f"/proc/{pid}/task/{tid or pid}/schedstat") as f:
+        return int(f.read().split()[field]) / 1e9
+
+
 def run_queue_s(pid: int, tid: int | None = None) -> float:
     """Seconds a thread (default: the process's main thread) has waited on a run queue,
-    runnable but not running (``/proc/PID/task/TID/schedstat``, second field): the time
-    other tenants' load took from it.  A thread blocked on a lock or the GIL sleeps
-    instead, so that time is not here: a rate over the wall time less this one is
-    immune to a loaded machine and still shows an engine that was stopped."""
-    with open(f"/proc/{pid}/task/{tid or pid}/schedstat") as f:
-        return int(f.read().split()[1]) / 1e9
+    runnable but not running (schedstat's second field): the time other tenants' load
+    took from it.  A thread blocked on a lock or the GIL sleeps instead, so that time is
+    not here: a rate over the wall time less this one is immune to other tenants and
+    still shows an engine that was stopped (not to a GIL held by one of the engine's own
+    threads while that thread waits for a core: ``test_faults.py`` ``Pace``)."""
+    return _schedstat(pid, tid, 1)
+
+
+def run_s(pid: int, tid: int | None = None) -> float:
+    """Seconds a thread (default: the process's main thread) has run on a core
+    (schedstat's first field, ns resolution)."""
+    return _schedstat(pid, tid, 0)
 
 
 def run_rltperf(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

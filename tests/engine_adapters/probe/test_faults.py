@@ -23,7 +23,7 @@ from engine_adapters.definitions.wire import encode
 from engine_adapters.monitor.base import AdapterConnectionError
 from engine_adapters.monitor.tcp import ProbeAdapter
 from rltperf_tui.analysis.summary import load_recording
-from tests.conftest import LOOP_ENGINE, ROOT, start_engine
+from tests.conftest import LOOP_ENGINE, ROOT, run_s, start_engine
 
 
 def _cpu_s(pid: int, tid: int | None = None) -> float:
@@ -32,13 +32,6 @@ def _cpu_s(pid: int, tid: int | None = None) -> float:
     with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _run_s(pid: int) -> float:
-    """Seconds the process's main thread (the reference engine's step loop) has run on a
-    core (``/proc/PID/task/PID/schedstat``, first field, ns)."""
-    with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
-        return int(f.read().split()[0]) / 1e9
 
 
 def _rate(target: str, seconds: float, pid: int | None = None) -> Any:
@@ -54,12 +47,12 @@ def _rate(target: str, seconds: float, pid: int | None = None) -> Any:
     s = ProbeAdapter(target, reconnect=False).connect()
     try:
         ends: list[int] = []
-        c0 = (_cpu_s(pid), _cpu_s(pid, pid), _run_s(pid)) if pid else (0.0, 0.0, 0.0)
+        c0 = (_cpu_s(pid), _cpu_s(pid, pid), run_s(pid)) if pid else (0.0, 0.0, 0.0)
         t0 = time.monotonic_ns()
         while time.monotonic_ns() - t0 < seconds * 1e9:
             ends += [r.end_ns for r in s.read(0.1) if isinstance(r, StepRecord)]
         t1 = time.monotonic_ns()
-        c1 = (_cpu_s(pid), _cpu_s(pid, pid), _run_s(pid)) if pid else (0.0, 0.0, 0.0)
+        c1 = (_cpu_s(pid), _cpu_s(pid, pid), run_s(pid)) if pid else (0.0, 0.0, 0.0)
         drain = time.monotonic() + 0.5  # the records of the steps that ended before t1
         while time.monotonic() < drain:
             ends += [r.end_ns for r in s.read(0.1) if isinstance(r, StepRecord)]
