@@ -42,6 +42,8 @@ vLLM:        rltperf attach vllm+http://127.0.0.1:8000
 
 Keys in the monitor: c / f capture ops / full, [ ] capture length, space pause,
 r record, ? help, q quit.
+
+A command that seems stuck: kill -USR1 PID prints each of its threads' stacks to stderr.
 """
 
 
@@ -96,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     ``EXIT_WITHOUT_TEARDOWN`` ends the process as soon as its output is flushed (see
     ``_exit_now``); called with ``argv`` (tests, other Python code) it always returns.
     """
+    if argv is None:
+        _stacks_on_sigusr1()
     parser = build_parser(_named_command(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     fast = argv is None and getattr(getattr(args, "_module", None), "EXIT_WITHOUT_TEARDOWN", False)
@@ -105,6 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     if fast:
         _exit_now(rc)
     return rc
+
+
+def _stacks_on_sigusr1() -> None:
+    """``kill -USR1 PID`` prints every thread's stack to stderr, the process going on: a
+    command that seems stuck says where it is (the tests send it to a command that ran
+    past its time before they kill it, ``tests/conftest.py`` ``run_cli``)."""
+    import faulthandler
+    import signal
+
+    with contextlib.suppress(AttributeError, OSError, ValueError, RuntimeError):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _named_command(argv: list[str]) -> str | None:

@@ -9,6 +9,7 @@ and how to add a kind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,7 +145,6 @@ def start_engine(
     )
     assert proc.stdout is not None
     import selectors
-    import time
 
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
@@ -186,14 +187,57 @@ def run_s(pid: int, tid: int | None = None) -> float:
 
 def run_rltperf(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``rltperf ARGS`` as a user would (a fresh process), capturing its output."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "rltperf_tui.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    return run_cli(list(args), timeout=timeout)
+
+
+def run_cli(
+    args: list[str],
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    cwd: Path | str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m rltperf_tui.cli ARGS`` (``env`` default: this one with the checkout
+    on ``PYTHONPATH``), capturing its output.  One still running after ``timeout`` fails
+    the test with what it was doing (``CliStuck``), not a bare timeout."""
+    e = env if env is not None else dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "rltperf_tui.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=e, cwd=None if cwd is None else str(cwd))  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise CliStuck(stuck_report(proc, timeout)) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+class CliStuck(AssertionError):
+    """A command a test ran did not end in time; the message says what it was doing."""
+
+
+def stuck_report(proc: subprocess.Popen[str], timeout: float) -> str:
+    """Kill ``proc`` (past its ``timeout``) and say what it was doing: its CPU and run-queue
+    time, its threads' states (``D``: waiting on the disk), every thread's stack (the CLI
+    prints them on SIGUSR1) and the end of its stderr.  A CI run once failed two vLLM tests
+    on bare timeouts of a capture and a recording that had done nothing for 180 and 300 s."""
+    facts = []
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        run, queued = (int(v) / 1e9 for v in Path(f"/proc/{proc.pid}/schedstat").read_text().split()[:2])
+        facts.append(f"ran {run:.2f} s, waited {queued:.2f} s for a core")
+    states: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{proc.pid}/task"):
+            with contextlib.suppress(OSError, IndexError):
+                st = Path(f"/proc/{proc.pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                states[st] = states.get(st, 0) + 1
+    facts.append("threads by state: " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "?"))
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGUSR1)
+    time.sleep(2.0)
+    proc.kill()
+    try:
+        _out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # (a thread in D state holds the process)
+        err = "(stderr not read: the killed process did not end within 30 s)"
+    return f"{' '.join(map(str, proc.args))[-300:]} still ran after {timeout:g} s; {'; '.join(facts)}; stderr:\n{(err or '')[-6000:]}"
 
 
 @pytest.fixture(scope="session", autouse=True)

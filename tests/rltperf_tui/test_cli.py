@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 
@@ -9,7 +11,7 @@ import pytest
 
 from engine_adapters.monitor.registry import available
 from rltperf_tui.cli import COMMANDS, _named_command
-from tests.conftest import ROOT, run_rltperf
+from tests.conftest import ROOT, CliStuck, run_cli, run_rltperf
 
 
 def test_top_level_help_names_every_command_and_the_keys() -> None:
@@ -55,3 +57,19 @@ def test_a_command_named_on_the_line_loads_only_its_own_module() -> None:
     assert _named_command(["-vv", "capture", "tcp://h:1"]) == "capture"
     assert _named_command(["--version"]) is None and _named_command(["bogus", "x"]) is None
     assert _named_command(["--", "record"]) is None
+
+
+def test_a_command_past_its_time_fails_the_test_saying_where_it_was() -> None:
+    """``kill -USR1`` makes a command print its threads' stacks (cli.py); ``run_cli`` sends it
+    to a command past its time, so a stuck one in CI says where it was, not only that it
+    timed out.  Here: ``record`` at a port that accepts and never says hello (it would
+    give up after 5 s; the test's limit is 2)."""
+    with socket.socket() as quiet:
+        quiet.bind(("127.0.0.1", 0))
+        quiet.listen(1)
+        port = quiet.getsockname()[1]
+        with pytest.raises(CliStuck) as stuck:
+            run_cli(["record", f"tcp://127.0.0.1:{port}", "--duration", "60", "-o", os.devnull], timeout=2)
+    text = str(stuck.value)
+    assert "still ran after 2 s" in text and "waited" in text and "threads by state: S" in text, text
+    assert "Current thread" in text and "in _handshake" in text and "record.py" in text, text
