@@ -202,11 +202,17 @@ def run_cli(
     e = env if env is not None else dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "rltperf_tui.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=e, cwd=None if cwd is None else str(cwd))  # fmt: skip
+    out, err = finish_cli(proc, timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def finish_cli(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """``proc.communicate(timeout=timeout)`` for a command started with pipes; past its time,
+    ``CliStuck`` saying what it was doing (``stuck_report``)."""
     try:
-        out, err = proc.communicate(timeout=timeout)
+        return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         raise CliStuck(stuck_report(proc, timeout)) from None
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 class CliStuck(AssertionError):

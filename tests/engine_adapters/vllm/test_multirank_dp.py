@@ -35,6 +35,7 @@ from engine_adapters.monitor.tcp import ProbeAdapter
 from engine_adapters.monitor.vllm.announced import find_all
 from engine_adapters.monitor.vllm.engines import engine_targets
 from engine_adapters.monitor.vllm.trace_files import trace_facts
+from tests.conftest import finish_cli, run_cli
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 _why = vllm_missing_reason() or plugin_missing_reason()
@@ -63,8 +64,7 @@ def _probes(server: Server) -> list[str]:
 
 
 def _cli(server: Server, *args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *args], capture_output=True, text=True,
-                          env=M.cli_env(server), timeout=timeout, cwd=str(server.log_path.parent))  # fmt: skip
+    return run_cli(list(args), timeout=timeout, env=M.cli_env(server), cwd=server.log_path.parent)
 
 
 @pytest.fixture(scope="module")
@@ -100,9 +100,9 @@ def dp2_run(dp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     time.sleep(1.5)
     after = [M.generated(dp2, str(k)) for k in range(2)]
     for p in procs:
-        _o, err = p.communicate(timeout=90)
+        _o, err = finish_cli(p, 90)
         assert p.returncode == 0, err[-2000:]
-    err = jsonl.communicate(timeout=90)[1]
+    err = finish_cli(jsonl, 90)[1]
     reader.join(10)
     assert jsonl.returncode == 0, err[-2000:]
     return {"recs": [read_all(r)[1] for r in recs], "rec_paths": recs, "load": load,

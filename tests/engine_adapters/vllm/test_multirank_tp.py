@@ -33,6 +33,7 @@ from engine_adapters.definitions.records import Bye, Hello, StepRecord
 from engine_adapters.monitor.recording import read_all
 from engine_adapters.monitor.replay import ReplayAdapter
 from engine_adapters.monitor.tcp import ProbeAdapter
+from tests.conftest import finish_cli, run_cli
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 _why = vllm_missing_reason() or plugin_missing_reason()
@@ -66,8 +67,7 @@ def _cli(
     env = M.cli_env(server)
     if via:
         env["RLTPERF_VLLM_CAPTURE"] = via  # vllm: vLLM's own profiler (auto: the plugin's capture)
-    return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=str(server.log_path.parent))  # fmt: skip
+    return run_cli(list(args), timeout=timeout, env=env, cwd=server.log_path.parent)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def tp2_run(tp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     before = M.generated(tp2)
     load = Load(tp2.url, conc=4, max_tokens=32)
     load.run(8.0)
-    _out, err = recorder.communicate(timeout=90)
+    _out, err = finish_cli(recorder, 90)
     after = M.generated(tp2)
     assert recorder.returncode == 0, err[-2000:]
     stop = threading.Event()

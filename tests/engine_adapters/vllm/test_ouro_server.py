@@ -31,6 +31,7 @@ from engine_adapters.definitions.records import Hello, StepRecord
 from engine_adapters.monitor.recording import read_all
 from rltperf_tui.analysis import traces
 from rltperf_tui.live.aggregator import TargetStats
+from tests.conftest import finish_cli, run_cli
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -44,8 +45,7 @@ def _cli(*args: str, timeout: float = 180, cwd: Path = ROOT) -> subprocess.Compl
         PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         RLTPERF_VLLM_CAPTURE="vllm",
     )  # its capture is vLLM's profiler's (vLLM's annotations)
-    return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=str(cwd))  # fmt: skip
+    return run_cli(list(args), timeout=timeout, env=env, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def ouro_run(ouro_server: Server, tmp_path_factory: pytest.TempPathFactory) -> d
     time.sleep(1.5)
     load = Load(ouro_server.url, conc=3, max_tokens=32)
     load.run(4.0)
-    _out, err = recorder.communicate(timeout=60)
+    _out, err = finish_cli(recorder, 60)
     assert recorder.returncode == 0, err[-2000:]
     # a 4-step capture through vLLM's profiler while clients keep sending
     stop = threading.Event()

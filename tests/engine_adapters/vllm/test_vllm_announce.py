@@ -33,7 +33,7 @@ from engine_adapters.monitor.vllm.adapter import VllmAdapter
 from engine_adapters.monitor.vllm.announced import Announcement, find
 from engine_adapters.monitor.vllm.trace_files import STEP_ANNOTATION
 from rltperf_tui.analysis.summary import SUMMARY_KEYS
-from tests.conftest import LOOP_ENGINE, run_rltperf, start_engine
+from tests.conftest import LOOP_ENGINE, run_cli, run_rltperf, start_engine
 from tests.rltperf_tui.tui._uihelpers import RECORDING, panel_text, sync, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -136,12 +136,9 @@ def test_rltperf_capture_without_profiler_dir(server: Server, tmp_path: Path) ->
     lt.start()
     try:
         time.sleep(1.0)
-        p = subprocess.run(
-            [sys.executable, "-m", "rltperf_tui.cli", "capture", _target(server), "--steps", "4", "--json"],
-            capture_output=True, text=True, timeout=240, cwd=tmp_path,
-            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3]),
-                     RLTPERF_VLLM_CAPTURE="vllm"),  # vLLM's profiler, its directory announced
-        )  # fmt: skip
+        p = run_cli(["capture", _target(server), "--steps", "4", "--json"], timeout=240, cwd=tmp_path,
+                    env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3]),
+                             RLTPERF_VLLM_CAPTURE="vllm"))  # vLLM's profiler, its directory announced  # fmt: skip
     finally:
         stop.set()
         lt.join(90)

@@ -32,6 +32,7 @@ from vllm_fixtures import ROOT, Load, Server
 from engine_adapters.definitions.records import Stats, StepRecord
 from engine_adapters.monitor.recording import read_all
 from rltperf_tui.bench.capture_vllm import window_stalls
+from tests.conftest import finish_cli, run_cli
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -46,8 +47,7 @@ ATTENTION_OPS = {
 
 def _cli(server: Server, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=str(server.log_path.parent))  # fmt: skip
+    return run_cli(list(args), timeout=timeout, env=env, cwd=server.log_path.parent)
 
 
 def _capture(server: Server, mode: str, target: str | None = None) -> tuple[dict[str, Any], float]:
@@ -102,7 +102,7 @@ def run(vllm_server: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         time.sleep(3.0)  # the last export's steps and after
     finally:
         recorder.send_signal(2)  # SIGINT: the recording is written and closed
-        _out, err = recorder.communicate(timeout=60)
+        _out, err = finish_cli(recorder, 60)
         stop.set()
         t.join(90)
     _meta, records = read_all(rec)

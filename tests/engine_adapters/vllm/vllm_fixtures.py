@@ -212,11 +212,21 @@ def serve(
 def launch(
     cmd: list[str], env: dict[str, str], root: Path, port: int, probe: str, prof: Path, model: Path
 ) -> Server:
-    """Start the server ``cmd`` (its log in ``root/server.log``) and wait for /health."""
+    """Start the server ``cmd`` (its log in ``root/server.log``) and wait for /health.
+
+    The server gets a process group of its own (``stop`` signals the group), not a session
+    of its own: Linux's autogroup scheduler puts each session in a group of its own, and
+    on 2 cores a loaded vLLM server in another session starved this session's processes.
+    A process started beside the load (importing the CLI and the vLLM adapter, 0.10-0.19 s
+    of CPU) waited a median of 8.3-12.1 s for a core (max 36 s; ten each, ``conc=2``
+    load, the Ouro server's worker bound to core 1) with the server in a session of its
+    own, and 0.21 s (max 0.26 s) with it in this one, the server serving more (4.6
+    requests/s against 2.5-4.2).  A CI run failed two vLLM tests on commands that ran
+    past 180 and 300 s so."""
     log_path = root / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root),
-                                start_new_session=True, preexec_fn=_stop_with_parent)  # fmt: skip
+                                process_group=0, preexec_fn=_stop_with_parent)  # fmt: skip
     server = Server(proc, port, probe, prof, log_path, model)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
