@@ -226,8 +226,7 @@ def stuck_report(proc: subprocess.Popen[str], timeout: float) -> str:
     on bare timeouts of a capture and a recording that had done nothing for 180 and 300 s."""
     facts = []
     with contextlib.suppress(OSError, ValueError, IndexError):
-        run, queued = (int(v) / 1e9 for v in Path(f"/proc/{proc.pid}/schedstat").read_text().split()[:2])
-        facts.append(f"ran {run:.2f} s, waited {queued:.2f} s for a core")
+        facts.append(f"ran {run_s(proc.pid):.2f} s, waited {run_queue_s(proc.pid):.2f} s for a core")
     states: dict[str, int] = {}
     with contextlib.suppress(OSError):
         for tid in os.listdir(f"/proc/{proc.pid}/task"):
