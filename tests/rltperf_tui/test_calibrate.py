@@ -171,10 +171,13 @@ def test_engine_hello_carries_the_calibration_and_mbu_uses_it(
     c = hello.ceiling
     assert c is not None and c.source == "calibration"
     assert c.peak_bw_gbps == res["copy_gbps"] and c.peak_gflops == res["matmul_gflops_by_dtype"]["float32"]
-    st = TargetStats()
+    # grow: the whole stream, however many steps 2.5 s brought (CI's runner once sent more
+    # than the default ring's 32 768, whose window then starts at the oldest step kept).
+    st = TargetStats(grow=True)
     st.add(recs)
     w = st.window(None)
     steps = [r for r in recs if isinstance(r, StepRecord)]
+    assert w.steps == len(steps)
     # The window is wall time (engine_adapters.definitions.figures): from the stream's first
     # timestamp (a step's start or a heartbeat) to the newest moment the data vouches for
     # (a step's end; a heartbeat between steps; a heartbeat inside a step, up to its start).
