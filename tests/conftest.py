@@ -13,6 +13,7 @@ import contextlib
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -122,6 +123,31 @@ def _bindable(port: int) -> bool:
     return True
 
 
+_ENGINE_LOGS_ENV = "RLTPERF_TEST_ENGINE_LOGS"
+"""Where this test process keeps its engine logs (in the environment: the test modules
+import ``tests.conftest``, a module apart from the conftest pytest loaded)."""
+
+
+def _engine_logs() -> Path:
+    """This test process's folder of engine logs (one per run, not one file per engine
+    loose in the temporary folder: a thousand were left there after a few dozen runs)."""
+    d = os.environ.get(_ENGINE_LOGS_ENV)
+    if not d or not os.path.isdir(d):
+        d = os.environ[_ENGINE_LOGS_ENV] = tempfile.mkdtemp(prefix="rltperf-test-engines-")
+    return Path(d)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The engine logs go with a run that passed; a failed run keeps them and says where."""
+    d = os.environ.pop(_ENGINE_LOGS_ENV, None)
+    if not d:
+        return
+    if exitstatus == 0:
+        shutil.rmtree(d, ignore_errors=True)
+    else:
+        print(f"\nengine logs kept in {d}", file=sys.stderr)
+
+
 ADDRESS_RE = re.compile(r"(?:^ADDRESS |tcp://)(\[[^\]]+\]:\d+|[^\s/:]+:\d+)")
 
 
@@ -134,7 +160,7 @@ def start_engine(
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
     e.update(env or {})
     # stderr goes to a file, never an unread pipe: a full pipe would block the engine.
-    log = tempfile.NamedTemporaryFile("w+", prefix="engine-", suffix=".log", delete=False)  # noqa: SIM115
+    log = tempfile.NamedTemporaryFile("w+", prefix="engine-", suffix=".log", dir=_engine_logs(), delete=False)  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, *args],
         stdout=subprocess.PIPE,

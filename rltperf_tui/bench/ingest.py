@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -189,8 +190,10 @@ finally:
 """
 
 
-def tui_cost(duration: float, rate: float, refresh: float) -> dict[str, Any]:
-    """CPU fraction and RSS of the monitor process attached to a paced engine."""
+def tui_cost(duration: float, rate: float, refresh: float, warmup: float = WARMUP_S) -> dict[str, Any]:
+    """CPU fraction and RSS of the monitor process attached to a paced engine, measured
+    for ``duration`` seconds after ``warmup``.  Its working folder (the engine's snapshot
+    folder, the monitor's figures) is removed at the end."""
     import fcntl
     import pty
     import struct
@@ -204,7 +207,7 @@ def tui_cost(duration: float, rate: float, refresh: float) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     eng = subprocess.Popen(
-        [sys.executable, "-m", "engine_adapters.reference.loop", "--duration", str(duration + WARMUP_S + 60), "--rate", str(rate), "--no-warm",
+        [sys.executable, "-m", "engine_adapters.reference.loop", "--duration", str(duration + warmup + 60), "--rate", str(rate), "--no-warm",
          "--snapshots", snaps],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )  # fmt: skip
@@ -251,7 +254,7 @@ def tui_cost(duration: float, rate: float, refresh: float) -> dict[str, Any]:
         proc = psutil.Process(child.pid)
         # Start-up (imports, first connect) and the first 30 s, while the timeline's window
         # fills and each tick's work grows, are not the steady state a user keeps open.
-        time.sleep(WARMUP_S)
+        time.sleep(warmup)
         rss0 = proc.memory_info().rss
         c0 = proc.cpu_times()
         e0 = psutil.Process(eng.pid).cpu_times()
@@ -285,7 +288,7 @@ def tui_cost(duration: float, rate: float, refresh: float) -> dict[str, Any]:
             "tui_records_received": seen["records"],
             "tui_dropped": seen["dropped"],
             "tui_ticks": seen["ticks"],
-            "warmup_s": WARMUP_S,
+            "warmup_s": warmup,
             "tui_rss_mb_start": round(rss0 / 2**20, 1),
             "tui_rss_mb_end": round(rss1 / 2**20, 1),
             "tui_rss_mb_max": round(max([*rss_samples, rss1]) / 2**20, 1),
@@ -306,6 +309,8 @@ def tui_cost(duration: float, rate: float, refresh: float) -> dict[str, Any]:
             eng.wait(15)
         except subprocess.TimeoutExpired:
             eng.kill()
+            eng.wait(5)
+        shutil.rmtree(snaps, ignore_errors=True)
 
 
 RECORDS_GOAL = 200_000
