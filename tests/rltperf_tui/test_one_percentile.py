@@ -96,6 +96,37 @@ def test_pct_is_numpys_percentile_to_the_last_bit(values: list[float], q: float)
     assert v.tobytes() == np.array(values, dtype=np.float64).tobytes()  # the input is left alone
 
 
+@settings(max_examples=400, deadline=None)
+@given(
+    values=st.lists(_SAMPLE, min_size=1, max_size=300),
+    q=st.floats(min_value=0.0, max_value=100.0),
+)
+def test_staged_order_statistics_are_numpys_percentile_to_the_last_bit(values: list[float], q: float) -> None:
+    # the path a window of 4 096 samples or more takes (one position at a time), on
+    # small samples: the same values, zeros' signs, NaNs and infinities included
+    old = order_stats.STAGED_MIN
+    order_stats.STAGED_MIN = 1
+    try:
+        test_pct_is_numpys_percentile_to_the_last_bit.hypothesis.inner_test(values, q)  # type: ignore[attr-defined]
+    finally:
+        order_stats.STAGED_MIN = old
+
+
+def test_staged_path_on_window_sized_samples_with_zeros_nans_and_ties() -> None:
+    rng = np.random.default_rng(11)
+    big = rng.lognormal(0, 1, 12_000)
+    big[rng.choice(big.size, 3_000, replace=False)] = 0.0
+    big[rng.choice(big.size, 3_000, replace=False)] = -0.0  # zeros of both signs at P50
+    ties = np.round(rng.lognormal(0, 1, 9_000), 1)  # many equal values
+    nan = big.copy()
+    nan[5] = np.nan
+    for v in (big, ties, nan, -ties, np.abs(big)):
+        with np.errstate(invalid="ignore"):
+            want = np.percentile(v, F.PERCENTILES)
+        got = order_stats.quantiles(v, F.PERCENTILES)
+        assert got.tobytes() == want.tobytes()
+
+
 def test_pct_of_integers_and_of_a_window_sized_sample_match_numpy() -> None:
     rng = np.random.default_rng(7)
     ints = rng.integers(0, 10**9, 1001)
