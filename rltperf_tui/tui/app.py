@@ -46,6 +46,7 @@ from rltperf_tui.live.view import replica_view, stats_view
 from rltperf_tui.tui.app_actions import MonitorActions
 from rltperf_tui.tui.targets import (
     HUNG_AFTER_S,
+    READER_ALIVE_S,
     CaptureRequested,
     RecordsBatch,
     TargetHandle,
@@ -208,7 +209,6 @@ class MonitorApp(MonitorActions):
 
     def on_records_batch(self, message: RecordsBatch) -> None:
         h = self.handles[message.index]
-        h.last_heard = time.monotonic()
         try:
             self._act_on_fires(h, h.ingest(message.records, final=message.final).fires)
         finally:
@@ -296,11 +296,14 @@ class MonitorApp(MonitorActions):
         """Seconds since a connected live target that sends heartbeats (a probe: about
         one a second) last sent anything, once that is longer than ``HUNG_AFTER_S``: the
         engine is hung (stopped, swapping, a step that never ends) or the path to it is
-        cut.  None otherwise."""
+        cut.  None otherwise.  Only the silence its reader saw counts: up to now while the
+        reader reads, up to its newest read when it has not run since (``READER_ALIVE_S``:
+        this process stopped or starved of a CPU, the records waiting in the socket)."""
         st = h.stats
         if not h.live or st.state != "connected" or st.steps_total is None or st.ended:
             return None
-        silent = now - h.last_heard
+        seen_to = now if now - h.read_at <= READER_ALIVE_S else h.read_at
+        silent = seen_to - h.data_at
         return silent if silent > HUNG_AFTER_S else None
 
     def _panel_context(self, h: TargetHandle, col: TargetColumn, now: float) -> PanelContext:

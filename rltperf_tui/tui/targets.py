@@ -31,6 +31,7 @@ from rltperf_tui.live.window_stats import Window
 
 __all__ = [
     "HUNG_AFTER_S",
+    "READER_ALIVE_S",
     "CaptureRequested",
     "RecordsBatch",
     "TargetHandle",
@@ -71,6 +72,13 @@ in the socket; a faster one is read as it comes."""
 HUNG_AFTER_S = 3.5
 """A probe target that sends nothing (not even its ~1 s heartbeat) this long is shown
 as hung, its figures as stale."""
+READER_ALIVE_S = IDLE_READ_S + 0.5
+"""A worker whose newest read returned this recently is reading (an idle one returns
+every ``IDLE_READ_S``); one that has not is stopped or starved of a CPU, and the silence
+it saw ends at that read: the monitor, not the engine, was silent since.  Counting to now
+instead, a monitor stopped for 10 s (SIGSTOP; Ctrl-Z then ``fg``) resumed saying its
+healthy engine was "hung? no heartbeat for 10 s", its records waiting unread in the socket;
+on a saturated 2-core server a command waited 2-9 s for a core to start."""
 
 
 class TargetHandle(LiveTarget):
@@ -91,8 +99,9 @@ class TargetHandle(LiveTarget):
         self.capture_seen: dict[str, str] = {}
         self.last_state = stats.state
         self.dirty = True
-        self.last_heard = time.monotonic()
-        """Monitor time the newest batch of this target's records arrived."""
+        self.read_at = self.data_at = time.monotonic()
+        """Monitor time the worker's newest read returned, and the newest read that brought
+        records (both written by the worker thread only; ``READER_ALIVE_S``)."""
         self.view_size: ViewSize | None = None
         """The panel sizes its newest view was computed for."""
         self.empty_window: tuple[tuple[float, float | None, float | None], Window] | None = None
@@ -180,10 +189,14 @@ def ingest(h: TargetHandle, options: dict[str, Any], wait: bool, post: Post) -> 
     assert session is not None
     pending: list[Record] = []
     next_flush = time.monotonic() + BATCH_S
+    h.read_at = h.data_at = time.monotonic()  # connected now
     while not worker.is_cancelled:
         now = time.monotonic()
         # never a zero timeout: a reconnecting session would spin
         recs = h.read(max(0.01, min(READ_S, next_flush - now) if pending else IDLE_READ_S))
+        h.read_at = time.monotonic()
+        if recs:
+            h.data_at = h.read_at
         if h.recording_error is not None:
             post(TargetProblem(h.index, f"recording stopped: {h.recording_error}"))
             h.recording_error = None
