@@ -194,15 +194,13 @@ def ingest(h: TargetHandle, options: dict[str, Any], wait: bool, post: Post) -> 
         now = time.monotonic()
         # never a zero timeout: a reconnecting session would spin
         recs = h.read(max(0.01, min(READ_S, next_flush - now) if pending else IDLE_READ_S))
-        h.read_at = time.monotonic()
+        now = h.read_at = time.monotonic()
         if recs:
-            h.data_at = h.read_at
+            h.data_at = now
+            pending.extend(recs)
         if h.recording_error is not None:
             post(TargetProblem(h.index, f"recording stopped: {h.recording_error}"))
             h.recording_error = None
-        if recs:
-            pending.extend(recs)
-        now = time.monotonic()
         ended = session.ended
         if (pending and now >= next_flush) or ended:
             if not deliver(h, pending, worker, post, final=ended):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import select
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -93,3 +95,19 @@ def sync(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
         asyncio.run(fn(*args, **kwargs))
 
     return wrapper
+
+
+def drain_pty(fd: int, seconds: float, out: list[bytes]) -> None:
+    """Read a monitor's terminal for ``seconds`` into ``out``, or until it closes (a child
+    blocked on a full pty would not be drawing or quitting)."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        r, _, _ = select.select([fd], [], [], left)
+        if r:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            out.append(data)

@@ -11,7 +11,6 @@ import fcntl
 import os
 import pty
 import re
-import select
 import signal
 import struct
 import subprocess
@@ -27,7 +26,7 @@ from rltperf_tui.tui.app import HUNG_AFTER_S, MonitorApp
 from rltperf_tui.tui.widgets.device import DevicePanel
 from rltperf_tui.tui.widgets.target_header import TargetHeader
 from tests.conftest import LOOP_ENGINE, ROOT, start_engine
-from tests.rltperf_tui.tui._uihelpers import panel_text, sync, wait_for
+from tests.rltperf_tui.tui._uihelpers import drain_pty, panel_text, sync, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.name != "posix", reason="SIGSTOP")]
 
@@ -107,18 +106,9 @@ async def test_a_reader_that_has_not_run_for_seconds_does_not_make_its_engine_hu
 
 
 def _read_for(fd: int, seconds: float) -> bytes:
-    """What the monitor writes to its terminal over ``seconds`` (read as it comes: a
-    monitor blocked on a full pty would not be drawing)."""
-    out = b""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        r, _, _ = select.select([fd], [], [], 0.05)
-        if r:
-            try:
-                out += os.read(fd, 65536)
-            except OSError:
-                break
-    return out
+    out: list[bytes] = []
+    drain_pty(fd, seconds, out)
+    return b"".join(out)
 
 
 def test_a_monitor_stopped_for_seconds_does_not_call_its_live_engine_hung(tmp_path: Path) -> None:

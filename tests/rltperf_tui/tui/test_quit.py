@@ -10,7 +10,6 @@ ones left hanging when ``q`` is pressed.
 from __future__ import annotations
 
 import os
-import select
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from engine_adapters.definitions.records import StepRecord
 from engine_adapters.monitor.recording import RecordingReader
 from engine_adapters.monitor.tcp import HELLO_TIMEOUT_S
 from tests.conftest import LOOP_ENGINE, ROOT, free_ports, start_engine
+from tests.rltperf_tui.tui._uihelpers import drain_pty
 
 pty = pytest.importorskip("pty")
 
@@ -66,21 +66,6 @@ class HungServer:
             c.close()
 
 
-def _drain(fd: int, seconds: float, out: list[bytes]) -> None:
-    """Read the terminal (a child blocked on a full pty would not be quitting)."""
-    end = time.monotonic() + seconds
-    while (left := end - time.monotonic()) > 0:
-        r, _, _ = select.select([fd], [], [], left)
-        if r:
-            try:
-                data = os.read(fd, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            out.append(data)
-
-
 def _quit_time(targets: list[str], ready: Callable[[bytes], bool]) -> float:
     """Start ``rltperf attach --wait TARGETS`` in a pseudo-terminal, wait for ``ready``
     (given everything drawn so far), press q; the seconds until the shell is back."""
@@ -98,8 +83,8 @@ def _quit_time(targets: list[str], ready: Callable[[bytes], bool]) -> float:
         while not ready(b"".join(out)):
             assert time.monotonic() < deadline, b"".join(out)[-2000:].decode(errors="replace")
             assert os.waitpid(pid, os.WNOHANG) == (0, 0), b"".join(out)[-2000:].decode(errors="replace")
-            _drain(fd, 0.1, out)
-        _drain(fd, 0.5, out)
+            drain_pty(fd, 0.1, out)
+        drain_pty(fd, 0.5, out)
         t0 = time.monotonic()
         os.write(fd, b"q")
         while True:
@@ -107,7 +92,7 @@ def _quit_time(targets: list[str], ready: Callable[[bytes], bool]) -> float:
             if done:
                 break
             assert time.monotonic() - t0 < 30, "the monitor did not quit within 30 s"
-            _drain(fd, 0.01, out)
+            drain_pty(fd, 0.01, out)
         took = time.monotonic() - t0
         pid = 0
         assert os.waitstatus_to_exitcode(status) == 0
@@ -195,13 +180,13 @@ def test_q_gives_the_shell_back_at_once_with_every_core_busy_and_the_recording_c
         while b"records" not in b"".join(out[-50:]) or b"connected" not in b"".join(out):
             assert time.monotonic() < deadline, b"".join(out)[-2000:].decode(errors="replace")
             assert os.waitpid(pid, os.WNOHANG) == (0, 0), b"".join(out)[-2000:].decode(errors="replace")
-            _drain(fd, 0.2, out)
+            drain_pty(fd, 0.2, out)
         os.write(fd, b"r")
         while not list(tmp_path.glob("*.rltrec")):
             assert time.monotonic() < deadline, "no recording started"
-            _drain(fd, 0.2, out)
+            drain_pty(fd, 0.2, out)
         hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(os.cpu_count() or 2)]
-        _drain(fd, 3.0, out)  # recording under load, the hogs at full speed
+        drain_pty(fd, 3.0, out)  # recording under load, the hogs at full speed
         cpu0 = _cpu_s(pid)
         t0 = time.monotonic()
         os.write(fd, b"q")
@@ -210,7 +195,7 @@ def test_q_gives_the_shell_back_at_once_with_every_core_busy_and_the_recording_c
             if done:
                 break
             assert time.monotonic() - t0 < 60, "the monitor did not quit within 60 s"
-            _drain(fd, 0.01, out)
+            drain_pty(fd, 0.01, out)
         took = time.monotonic() - t0
         pid = 0
         after_q = usage.ru_utime + usage.ru_stime - cpu0  # CPU it spent leaving, whatever the wait
@@ -218,7 +203,7 @@ def test_q_gives_the_shell_back_at_once_with_every_core_busy_and_the_recording_c
         assert os.waitstatus_to_exitcode(status) == 0
         assert took < LOADED_LIMIT_S, f"q took {took:.2f} s to give the shell back with every core busy"
         assert after_q < QUIT_CPU_S, f"leaving took {after_q:.3f} s of CPU"
-        _drain(fd, 1.0, out)  # what it wrote last, still in the pty (until EOF)
+        drain_pty(fd, 1.0, out)  # what it wrote last, still in the pty (until EOF)
         screen = b"".join(out)
         assert screen.rfind(b"\x1b[?1049l") > screen.rfind(b"\x1b[?1049h")  # the alternate screen left
     finally:
