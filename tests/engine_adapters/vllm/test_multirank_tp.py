@@ -157,10 +157,24 @@ def test_the_slow_rank_is_the_slowest_in_summary_json(tp2: Server, tp2_run: dict
                                "host": out["identity"]["host"]}  # fmt: skip
     r = out["ranks"]
     assert r["slowest_rank"] == "tp1", r
-    # tp0 waits in the all-reduces for tp1's injected sleep: the skew is about that, less
-    # what rank 0 does more than rank 1 of its own
-    assert 0.3 * SLOW_MS <= r["rank_skew_ms"] <= 1.5 * SLOW_MS, r
     assert r["rank_wait_ms"]["tp0"] > r["rank_wait_ms"]["tp1"]
+    # each step's skew by hand from the records: tp1's compute (busy - wait) less tp0's
+    skews = []
+    for s in tp2_run["records"]:
+        if isinstance(s, StepRecord) and s.rank_busy_ns and s.rank_wait_ns:
+            b, w = s.rank_busy_ns, s.rank_wait_ns
+            if None not in b and None not in w:
+                skews.append(((b[1] - w[1]) - (b[0] - w[0])) / 1e6)  # type: ignore[operator]
+    assert len(skews) == r["rank_steps"] >= 30, (len(skews), r)
+    # summary's skew is their mean (tp1 being the slowest)
+    assert r["rank_skew_ms"] == pytest.approx(sum(skews) / len(skews), abs=1e-3), r
+    # tp0 waits in the all-reduces for tp1's injected sleep: the typical step's skew is
+    # about that, less what rank 0 does more than rank 1 of its own.  The median, not the
+    # mean: on 2 cores another test's burst on tp1's core inflates tp1's compute of the
+    # steps it overlaps (a mean of 19.3 ms against 10 injected, seen in a parallel run),
+    # which is the truth of those steps, not a fault of the figure
+    typical = sorted(skews)[len(skews) // 2]
+    assert 0.5 * SLOW_MS <= typical <= 1.5 * SLOW_MS, (typical, r)
 
 
 def test_the_slow_rank_is_the_slowest_on_the_screen(tp2_run: dict[str, Any]) -> None:
