@@ -77,6 +77,33 @@ def cli_env(server: Server) -> dict[str, str]:
                 RLTPERF_RUNTIME_DIR=str(server.log_path.parent / "run"))  # fmt: skip
 
 
+def worker_queue_s(server: Server) -> dict[str, float]:
+    """Seconds each of the server's TP workers (``tp0``, ``tp1``: vLLM titles them
+    ``VLLM::Worker_TP0``) has waited on a run queue, runnable but not running, summed over
+    its threads (schedstat's second field): the time other tenants of the 2 cores took from
+    it.  A worker that spins in ``sched_yield`` waiting for work counts here too, so it is
+    an upper bound of what contention added to its steps."""
+    import psutil
+
+    assert server.proc is not None
+    out: dict[str, float] = {}
+    for p in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            title = " ".join(p.cmdline()).strip()
+        except psutil.Error:
+            continue
+        if title.startswith("VLLM::Worker_TP"):
+            total = 0
+            for tid in os.listdir(f"/proc/{p.pid}/task"):
+                try:
+                    with open(f"/proc/{p.pid}/task/{tid}/schedstat") as f:
+                        total += int(f.read().split()[1])
+                except OSError:
+                    pass  # a thread that ended
+            out["tp" + title.removeprefix("VLLM::Worker_TP")] = total / 1e9
+    return out
+
+
 def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
     """Poll ``cond`` until it holds (a monitor started in a subprocess may take seconds on
     a loaded 2-core machine: the load must not start before it watches)."""

@@ -85,7 +85,9 @@ def tp2_run(tp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     M.wait_until(rec.exists, 60, "the recorder connected to the probe")  # (the file is made then)
     before = M.generated(tp2)
     load = Load(tp2.url, conc=4, max_tokens=32)
+    q0 = M.worker_queue_s(tp2)
     load.run(8.0)
+    q1 = M.worker_queue_s(tp2)
     _out, err = finish_cli(recorder, 90)
     after = M.generated(tp2)
     assert recorder.returncode == 0, err[-2000:]
@@ -105,7 +107,8 @@ def tp2_run(tp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
         t.join(90)
     _meta, records = read_all(rec)
     return {"rec": rec, "records": records, "load": load, "generated": after - before,
-            "capture": cap, "worker_capture": wcap}  # fmt: skip
+            "capture": cap, "worker_capture": wcap,
+            "queued_s": {k: q1[k] - q0[k] for k in q0}}  # fmt: skip
 
 
 def test_the_hello_says_which_ranks_the_stream_holds(tp2_run: dict[str, Any]) -> None:
@@ -149,7 +152,9 @@ def test_each_ranks_pass_times_fit_inside_its_own_busy_time(tp2_run: dict[str, A
         assert s.kv_per_depth == [s.kv_used] * M.PASSES  # every depth's caches share one block table
 
 
-def test_the_slow_rank_is_the_slowest_in_summary_json(tp2: Server, tp2_run: dict[str, Any]) -> None:
+def test_the_slow_rank_is_the_slowest_in_summary_json(
+    tp2: Server, tp2_run: dict[str, Any], record_property: Any
+) -> None:
     s = _cli(tp2, "summary", str(tp2_run["rec"]), "--json")
     assert s.returncode == 0, s.stderr
     out = json.loads(s.stdout)
@@ -168,13 +173,15 @@ def test_the_slow_rank_is_the_slowest_in_summary_json(tp2: Server, tp2_run: dict
     assert len(skews) == r["rank_steps"] >= 30, (len(skews), r)
     # summary's skew is their mean (tp1 being the slowest)
     assert r["rank_skew_ms"] == pytest.approx(sum(skews) / len(skews), abs=1e-3), r
-    # tp0 waits in the all-reduces for tp1's injected sleep: the typical step's skew is
-    # about that, less what rank 0 does more than rank 1 of its own.  The median, not the
-    # mean: on 2 cores another test's burst on tp1's core inflates tp1's compute of the
-    # steps it overlaps (a mean of 19.3 ms against 10 injected, seen in a parallel run),
-    # which is the truth of those steps, not a fault of the figure
-    typical = sorted(skews)[len(skews) // 2]
-    assert 0.5 * SLOW_MS <= typical <= 1.5 * SLOW_MS, (typical, r)
+    # tp0 waits in the all-reduces for tp1's injected sleep: the skew is about that, less
+    # what rank 0 does more than rank 1 of its own, plus what other tenants of tp1's core
+    # took from tp1: its run-queue wait per step under the load.  In two parallel runs the
+    # other worker's tests made tp1's compute 8-10 ms a step longer than quiet (a skew of
+    # 17-19 ms); quiet, tp1 queues ~2 ms a step, mostly its own spinning between steps
+    queued_ms = 1e3 * tp2_run["queued_s"]["tp1"] / len(skews)
+    why = (queued_ms, tp2_run["queued_s"], r)
+    record_property("skew_and_queue", why)  # (in --junitxml: the margin a pass had)
+    assert 0.3 * SLOW_MS <= r["rank_skew_ms"] <= 1.5 * SLOW_MS + queued_ms, why
 
 
 def test_the_slow_rank_is_the_slowest_on_the_screen(tp2_run: dict[str, Any]) -> None:
