@@ -70,6 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vllm-htop, measured beside the screen on --metrics-target (default: on PATH)")  # fmt: skip
     p.add_argument("--metrics-duration", type=float, default=20.0, metavar="S",
                    help="seconds the /metrics-only monitor is measured (default 20)")  # fmt: skip
+    p.add_argument("--baseline-root", default=None, metavar="DIR",
+                   help="also run another checkout's screen beside this one's on one paced engine, and "
+                        "print this / that (before/after in one period; --rounds of --duration s)")  # fmt: skip
+    p.add_argument(
+        "--rounds", type=int, default=3, help="rounds of the --baseline-root comparison (default 3)"
+    )
 
 
 # --------------------------------------------------------------------------- decode + aggregate
@@ -190,6 +196,70 @@ finally:
 """
 
 
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def paced_engine(rate: float, seconds: float, snaps: str) -> tuple[subprocess.Popen[str], str]:
+    """The test loop engine (``engine_adapters.reference.loop``) paced at ``rate`` steps/s
+    for ``seconds``, its snapshots in ``snaps``; the process and its probe's address."""
+    from engine_adapters.definitions.wire import parse_hostport
+
+    eng = subprocess.Popen(
+        [sys.executable, "-m", "engine_adapters.reference.loop", "--duration", str(seconds), "--rate", str(rate),
+         "--no-warm", "--snapshots", snaps],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env(),
+    )  # fmt: skip
+    assert eng.stdout is not None
+    addr = ""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not addr:
+        line = eng.stdout.readline()
+        if line.startswith("ADDRESS "):
+            addr = line.split()[1]
+        elif not line and eng.poll() is not None:
+            break
+    if not addr:
+        _stop(eng)
+        raise RuntimeError("the loop engine did not start")
+    parse_hostport(addr)
+    return eng, addr
+
+
+def _stop(eng: subprocess.Popen[str]) -> None:
+    eng.terminate()
+    try:
+        eng.wait(15)
+    except subprocess.TimeoutExpired:
+        eng.kill()
+        eng.wait(5)
+
+
+def beside_baseline(
+    root: str, duration: float, rate: float, rounds: int, warmup: float = WARMUP_S
+) -> dict[str, Any]:
+    """This checkout's screen and the one of the checkout at ``root`` (``rltperf attach``
+    from each, in 120x40 tmux panes), attached at once to one loop engine paced at
+    ``rate`` steps/s: ``bench.peers`` with ``--baseline-root``, so both are measured over
+    the same seconds of the same machine, and the ratio holds when the machine's speed
+    drifts (a lone figure moved 0.019-0.026 within a day)."""
+    from rltperf_tui.bench import peers
+
+    snaps = tempfile.mkdtemp(prefix="rltperf-bench-ingest-")
+    eng, addr = paced_engine(rate, rounds * (warmup + duration + 15) + 60, snaps)
+    try:
+        ns = argparse.Namespace(target=f"tcp://{addr}", duration=duration, warmup=warmup, rounds=rounds,
+                                interval=0.5, htop=None, baseline_root=root, size="120x40")  # fmt: skip
+        res = peers.run(ns)
+    finally:
+        _stop(eng)
+        shutil.rmtree(snaps, ignore_errors=True)
+    res["engine_rate_steps_per_s"] = rate
+    return res
+
+
 def tui_cost(duration: float, rate: float, refresh: float, warmup: float = WARMUP_S) -> dict[str, Any]:
     """CPU fraction and RSS of the monitor process attached to a paced engine, measured
     for ``duration`` seconds after ``warmup``.  Its working folder (the engine's snapshot
@@ -201,31 +271,12 @@ def tui_cost(duration: float, rate: float, refresh: float, warmup: float = WARMU
 
     import psutil
 
-    from engine_adapters.definitions.wire import parse_hostport
-
     snaps = tempfile.mkdtemp(prefix="rltperf-bench-ingest-")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    eng = subprocess.Popen(
-        [sys.executable, "-m", "engine_adapters.reference.loop", "--duration", str(duration + warmup + 60), "--rate", str(rate), "--no-warm",
-         "--snapshots", snaps],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-    )  # fmt: skip
+    env = _env()
+    eng, addr = paced_engine(rate, duration + warmup + 60, snaps)
     child: subprocess.Popen[bytes] | None = None
     master = -1
     try:
-        assert eng.stdout is not None
-        addr = ""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not addr:
-            line = eng.stdout.readline()
-            if line.startswith("ADDRESS "):
-                addr = line.split()[1]
-            elif not line and eng.poll() is not None:
-                break
-        if not addr:
-            raise RuntimeError("the loop engine did not start")
-        parse_hostport(addr)
         out = os.path.join(snaps, "tui.json")
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
@@ -304,12 +355,7 @@ def tui_cost(duration: float, rate: float, refresh: float, warmup: float = WARMU
                 os.close(master)
             except OSError:
                 pass
-        eng.terminate()
-        try:
-            eng.wait(15)
-        except subprocess.TimeoutExpired:
-            eng.kill()
-            eng.wait(5)
+        _stop(eng)
         shutil.rmtree(snaps, ignore_errors=True)
 
 
@@ -347,6 +393,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "measured": False,
             "why": "give --metrics-target vllm+http://HOST:PORT of a running vLLM server",
         }
+    if args.baseline_root:
+        res["baseline"] = beside_baseline(args.baseline_root, args.duration, args.rate, args.rounds)
     from rltperf_tui.bench.metrics_ingest import stored_page_parse
 
     res["metrics_only"]["stored_page_parse"] = stored_page_parse()
@@ -378,6 +426,8 @@ def print_text(r: dict[str, Any]) -> None:
               f"(max {t['tui_rss_mb_max']:.1f})")  # fmt: skip
         if t.get("problem"):
             print(f"  PROBLEM: {t['problem']}")
+    if r.get("baseline"):
+        _print_baseline(r["baseline"])
     if r.get("screen"):
         _print_screen(r["screen"])
     from rltperf_tui.bench.metrics_ingest import print_metrics_only
@@ -393,6 +443,29 @@ def screen_beside_htop(target: str, duration: float, htop: str | None) -> dict[s
     ns = argparse.Namespace(target=target, duration=duration, warmup=30.0, rounds=1, interval=0.5,
                             htop=htop, baseline_root=None, size="160x48")  # fmt: skip
     return peers.run(ns)
+
+
+def _print_baseline(b: dict[str, Any]) -> None:
+    """The this-checkout-beside-another lines of ``print_text``."""
+    if not b.get("measured", True):
+        print(f"beside the baseline: not measured ({b['why']})")
+        return
+    print(f"this checkout's screen beside the baseline's, both attached to one loop engine at "
+          f"{b['engine_rate_steps_per_s']:g} steps/s ({b['size']} tmux panes, the same {b['duration_s']:g} s "
+          f"after {b['warmup_s']:g} s, {b['rounds']} round(s)):")  # fmt: skip
+    for name, m in b["monitors"].items():
+        cpus = " ".join(f"{c:.4f}" for c in m["cpu_fraction"])
+        med = m["cpu_fraction_median"]
+        line = (
+            f"  {name:<22} CPU {med:.4f} of one core (rounds: {cpus})"
+            if med is not None
+            else f"  {name}: no figure"
+        )
+        if m.get("rltperf_over_this_median") is not None:
+            line += f"; this / baseline {m['rltperf_over_this_median']:.3f} (median of the rounds' ratios)"
+        print(line)
+    for n in b["notes"]:
+        print(f"  note: {n}")
 
 
 def _print_screen(p: dict[str, Any]) -> None:

@@ -15,7 +15,9 @@ I`` when it is installed (``--htop PATH``, else ``vllm-htop`` on ``PATH``; it is
 dependency: when it is missing the benchmark says it could not compare, and measures
 rltperf alone); with ``--baseline-root DIR``, also ``rltperf attach`` from another
 checkout (its packages on ``PYTHONPATH``, this interpreter): a before/after in the same
-period.  Needs ``tmux`` and Linux ``/proc``.
+period.  The target may also be a probe (``tcp://HOST:PORT``); vllm-htop, which reads
+only a vLLM server's ``/metrics``, is then left out and said so (``rltperf bench ingest
+--baseline-root`` runs this on a paced loop engine).  Needs ``tmux`` and Linux ``/proc``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ DESCRIPTION = __doc__ or HELP
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", metavar="vllm+http://HOST:PORT", help="a running vLLM server")
+    p.add_argument("target", metavar="vllm+http://HOST:PORT",
+                   help="a running vLLM server (or a probe, tcp://HOST:PORT: without vllm-htop)")  # fmt: skip
     p.add_argument("--duration", type=float, default=60.0, metavar="S",
                    help="seconds measured per round (default 60)")  # fmt: skip
     p.add_argument("--warmup", type=float, default=35.0, metavar="S",
@@ -135,7 +138,6 @@ def _kill(session: str) -> None:
 def monitors(args: argparse.Namespace) -> tuple[list[Monitor], str | None]:
     """The monitors to run, and why vllm-htop is not among them (None: it is)."""
     target = args.target
-    url = "http" + target[len("vllm+http") :]
     base_env = {"TERM": os.environ.get("TERM", "xterm-256color")}
     if base_env["TERM"] in ("", "dumb"):
         base_env["TERM"] = "xterm-256color"
@@ -146,15 +148,21 @@ def monitors(args: argparse.Namespace) -> tuple[list[Monitor], str | None]:
     out = [Monitor("rltperf", rltperf, dict(base_env, PYTHONPATH=here), [], [], cwd=here)]
     if args.baseline_root:
         root = Path(args.baseline_root).resolve()
+        if not (root / "rltperf_tui" / "cli.py").is_file():
+            raise SystemExit(f"rltperf bench: --baseline-root {args.baseline_root}: not a checkout of rltperf "
+                             "(no rltperf_tui/cli.py there)")  # fmt: skip
         env = dict(base_env, PYTHONPATH=str(root))
         out.append(Monitor(f"rltperf ({root.name})", rltperf, env, [], [], cwd=str(root)))
     htop = args.htop or shutil.which("vllm-htop")
     missing = None
-    if htop is None or not os.access(htop, os.X_OK):
+    if not target.startswith("vllm+http://"):
+        missing = "vllm-htop reads only a vLLM server's /metrics, and the target is a probe"
+    elif htop is None or not os.access(htop, os.X_OK):
         missing = (
             f"{args.htop} is not an executable" if args.htop else "vllm-htop is not installed (not on PATH)"
         )
     else:
+        url = "http" + target[len("vllm+http") :]
         out.append(
             Monitor("vllm-htop", [htop, "--url", url, "--interval", f"{args.interval:g}"], base_env, [], [])
         )
@@ -162,8 +170,8 @@ def monitors(args: argparse.Namespace) -> tuple[list[Monitor], str | None]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    if not args.target.startswith("vllm+http://"):
-        raise SystemExit("rltperf bench peers: the target must be vllm+http://HOST:PORT")
+    if not args.target.startswith(("vllm+http://", "tcp://")):
+        raise SystemExit("rltperf bench peers: the target must be vllm+http://HOST:PORT or tcp://HOST:PORT")
     if shutil.which("tmux") is None or not os.path.isdir("/proc/self"):
         return {"measured": False, "why": "needs tmux and Linux /proc", "ok": False}
     cols, rows = (int(v) for v in args.size.lower().split("x"))
@@ -198,7 +206,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "duration_s": args.duration,
         "warmup_s": args.warmup,
         "htop_interval_s": args.interval if missing is None else None,
-        "rltperf_scrape_s": DEFAULT_INTERVAL_S,
+        "rltperf_scrape_s": DEFAULT_INTERVAL_S if args.target.startswith("vllm+http://") else None,
         "htop_missing": missing,
         "notes": notes,
         "monitors": {
@@ -233,12 +241,11 @@ def print_text(r: dict[str, Any]) -> None:
     print(f"{r['target']}: each monitor in its own {r['size']} tmux pane, the same {r['duration_s']:g} s "
           f"after {r['warmup_s']:g} s, {r['rounds']} round(s); CPU (run time from /proc) as a fraction of one core")  # fmt: skip
     # what each one polls is not in its command line: say it beside the figures
-    polls = (
-        f"  rltperf scrapes /metrics every {r['rltperf_scrape_s']:g} s (the vllm+http:// adapter's default)"
-    )
-    if r["htop_interval_s"] is not None:
-        polls += f"; vllm-htop polls every {r['htop_interval_s']:g} s (--interval)"
-    print(polls)
+    if r["rltperf_scrape_s"] is not None:
+        polls = f"  rltperf scrapes /metrics every {r['rltperf_scrape_s']:g} s (the vllm+http:// adapter's default)"
+        if r["htop_interval_s"] is not None:
+            polls += f"; vllm-htop polls every {r['htop_interval_s']:g} s (--interval)"
+        print(polls)
     for name, m in r["monitors"].items():
         cpus = " ".join(f"{c:.2%}" for c in m["cpu_fraction"])
         med = m["cpu_fraction_median"]

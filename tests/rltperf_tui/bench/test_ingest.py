@@ -23,3 +23,28 @@ def test_monitor_cost_run_reports_the_stream_and_leaves_no_folder(
     assert 0 < r["tui_cpu_fraction"] < 1 and r["warmup_s"] == 3.0
     assert r["tui_ticks"] >= 4  # 2 Hz for at least 2 s
     assert list(tmp_path.iterdir()) == []  # the engine's snapshot folder and tui.json are gone
+
+
+def test_beside_a_baseline_both_screens_watch_one_engine_and_the_ratio_is_theirs(tmp_path: Path) -> None:
+    """``--baseline-root``: this checkout's screen and another's (here: this one again) on
+    one paced engine over the same seconds; the ratio is the two figures', and vllm-htop,
+    which cannot read a probe, is left out with the reason."""
+    from rltperf_tui.bench import SOURCE_ROOT
+    from rltperf_tui.bench.ingest import beside_baseline
+
+    r = beside_baseline(str(SOURCE_ROOT), duration=3.0, rate=200.0, rounds=1, warmup=4.0)
+    assert r["notes"] == [] and r["target"].startswith("tcp://"), r
+    mons = r["monitors"]
+    assert list(mons) == ["rltperf", f"rltperf ({Path(SOURCE_ROOT).name})"]
+    ours, base = (m["cpu_fraction"][0] for m in mons.values())
+    assert 0 < ours < 1 and 0 < base < 1, mons
+    ratio = mons[f"rltperf ({Path(SOURCE_ROOT).name})"]["rltperf_over_this_median"]
+    assert ratio == pytest.approx(ours / base, abs=2e-3)
+    assert "probe" in r["htop_missing"] and r["rltperf_scrape_s"] is None
+
+
+def test_a_baseline_that_is_not_a_checkout_is_one_sentence(tmp_path: Path) -> None:
+    from rltperf_tui.bench.ingest import beside_baseline
+
+    with pytest.raises(SystemExit, match="not a checkout of rltperf"):
+        beside_baseline(str(tmp_path), duration=1.0, rate=10.0, rounds=1, warmup=1.0)
