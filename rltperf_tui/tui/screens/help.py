@@ -39,6 +39,11 @@ A figure the engine does not report shows as **n/a**, never as zero.
 Profiled timings are not a baseline: steps inside a capture, its profiler warm-up or
 its export are flagged and counted in the Bandwidth panel.  Start with a small N.
 
+The top bar says **"late: CPU wait X s in 10 s"** when this monitor itself waited that
+long for a CPU over the last 10 s (Linux's schedstat of its drawing thread; from 0.5 s):
+on a server whose cores the engine keeps busy the screen comes late.  The figures are
+not wrong (they are reckoned on the engine's clock); they arrive late.
+
 ## Header (one per target)
 
 Target, engine name and version, model, dtype, device; loop, exit, KV and speculative

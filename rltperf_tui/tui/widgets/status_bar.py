@@ -9,8 +9,9 @@ update (``rltperf bench ingest``'s monitor, paused in a 160x48 pane).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from rltperf_tui.live.own_wait import WAIT_SPAN_S, OwnWait
 from rltperf_tui.tui.widgets._fmt import Lines, Row, fit_row
 from rltperf_tui.tui.widgets.panel import Panel
 
@@ -41,6 +42,10 @@ class StatusInfo:
     """Recordings being written."""
     captures_active: str = ""
     """Short text about captures in flight (``ops 3/8``)."""
+    cpu_wait_s: float | None = None
+    """Seconds the monitor's own drawing thread waited for a CPU over the last
+    ``own_wait.WAIT_SPAN_S`` (None: too little to mention, or unknown): the screen is
+    late by the machine's load, not by the engine (``rltperf_tui.live.own_wait``)."""
 
 
 class StatusBar(Panel):
@@ -58,9 +63,14 @@ class StatusBar(Panel):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.info = StatusInfo()
+        self.own_wait = OwnWait()
 
     def show_status(self, info: StatusInfo) -> None:
-        """Repaint with ``info`` when it changed (the row, when its text changed)."""
+        """Repaint with ``info`` when it changed (the row, when its text changed); live,
+        the bar adds the monitor's own wait for a CPU, sampled at each call (each render
+        tick)."""
+        if info.cpu_wait_s is None and info.mode == "live":  # a replay's pace is its own
+            info = replace(info, cpu_wait_s=self.own_wait.shown())
         if info != self.info:
             self.info = info
             self._rebuild()
@@ -78,6 +88,8 @@ class StatusBar(Panel):
         if i.held_s is not None:  # the panels then cover less: say so where the window is named
             ln.add(f" (ring holds {i.held_s:.1f} s)", "bold $warning")
         ln.add(f" · {i.refresh_hz:g} Hz", "$text-muted")
+        if i.cpu_wait_s is not None:  # next to the refresh rate: the refresh is late
+            ln.add(f" · late: CPU wait {i.cpu_wait_s:.1f} s in {WAIT_SPAN_S:g} s", "bold $warning")
         ln.add(" · capture ", "$text-muted").add(f"N={i.capture_steps}", "bold")
         if i.captures_active:
             ln.add(" " + i.captures_active, "bold $warning")
