@@ -366,6 +366,10 @@ TUI_CPU_GOAL = 0.02
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.baseline_root:  # a wrong path is said before minutes of measuring
+        from rltperf_tui.bench.peers import checkout
+
+        checkout(args.baseline_root)
     res: dict[str, Any] = {"decode_aggregate": decode_aggregate_rate(max(10_000, args.records))}
     res["records_per_s"] = res["decode_aggregate"]["records_per_s"]
     ok = res["records_per_s"] >= RECORDS_GOAL

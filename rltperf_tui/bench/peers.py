@@ -135,6 +135,17 @@ def _kill(session: str) -> None:
     subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
 
+def checkout(path: str) -> Path:
+    """``--baseline-root PATH`` resolved, or the run ends with one sentence when it is not a
+    checkout of rltperf."""
+    root = Path(path).resolve()
+    if not (root / "rltperf_tui" / "cli.py").is_file():
+        raise SystemExit(
+            f"rltperf bench: --baseline-root {path}: not a checkout of rltperf (no rltperf_tui/cli.py there)"
+        )
+    return root
+
+
 def monitors(args: argparse.Namespace) -> tuple[list[Monitor], str | None]:
     """The monitors to run, and why vllm-htop is not among them (None: it is)."""
     target = args.target
@@ -147,10 +158,7 @@ def monitors(args: argparse.Namespace) -> tuple[list[Monitor], str | None]:
     here = str(SOURCE_ROOT)
     out = [Monitor("rltperf", rltperf, dict(base_env, PYTHONPATH=here), [], [], cwd=here)]
     if args.baseline_root:
-        root = Path(args.baseline_root).resolve()
-        if not (root / "rltperf_tui" / "cli.py").is_file():
-            raise SystemExit(f"rltperf bench: --baseline-root {args.baseline_root}: not a checkout of rltperf "
-                             "(no rltperf_tui/cli.py there)")  # fmt: skip
+        root = checkout(args.baseline_root)
         env = dict(base_env, PYTHONPATH=str(root))
         out.append(Monitor(f"rltperf ({root.name})", rltperf, env, [], [], cwd=str(root)))
     htop = args.htop or shutil.which("vllm-htop")

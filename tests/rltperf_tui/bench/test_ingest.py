@@ -43,8 +43,9 @@ def test_beside_a_baseline_both_screens_watch_one_engine_and_the_ratio_is_theirs
     assert "probe" in r["htop_missing"] and r["rltperf_scrape_s"] is None
 
 
-def test_a_baseline_that_is_not_a_checkout_is_one_sentence(tmp_path: Path) -> None:
-    from rltperf_tui.bench.ingest import beside_baseline
+def test_a_baseline_that_is_not_a_checkout_is_one_sentence_before_any_measuring(tmp_path: Path) -> None:
+    from tests.conftest import run_rltperf
 
-    with pytest.raises(SystemExit, match="not a checkout of rltperf"):
-        beside_baseline(str(tmp_path), duration=1.0, rate=10.0, rounds=1, warmup=1.0)
+    r = run_rltperf("bench", "ingest", "--baseline-root", str(tmp_path))
+    assert r.returncode == 1 and "not a checkout of rltperf" in r.stderr, r.stderr
+    assert r.stdout == ""  # no figure was measured first (the decode run prints one)
