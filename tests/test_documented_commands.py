@@ -242,13 +242,19 @@ def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return [*argv, flag, value]
 
 
-def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="160", LINES="48", TERM="xterm-256color")
+def _env(cwd: Path) -> dict[str, str]:
+    """A documented command's environment; its temporary files go in ``cwd``'s ``tmp``
+    (``rltperf demo``'s default log is ``rltperf-demo-<pid>.log`` in the temp folder, and
+    one was left in /tmp by each run of the suite)."""
+    tmp = cwd / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="160", LINES="48", TERM="xterm-256color",
+                TMPDIR=str(tmp))  # fmt: skip
 
 
 def run_cli(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     """Run a (non-screen) documented command as this checkout's CLI."""
-    return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *argv[1:]], cwd=cwd, env=_env(),
+    return subprocess.run([sys.executable, "-m", "rltperf_tui.cli", *argv[1:]], cwd=cwd, env=_env(cwd),
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
@@ -262,7 +268,7 @@ def run_tui(
     pid, fd = pty.fork()
     if pid == 0:  # the child: the monitor, as a person starts it in a terminal
         os.chdir(cwd)
-        os.execve(sys.executable, [sys.executable, "-m", "rltperf_tui.cli", *argv[1:]], _env())
+        os.execve(sys.executable, [sys.executable, "-m", "rltperf_tui.cli", *argv[1:]], _env(cwd))
     buf = bytearray()
 
     def pump(seconds: float) -> None:
@@ -351,7 +357,7 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixtures]:
                     str(p),
                 ],
                 cwd=work,
-                env=_env(),
+                env=_env(work),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -441,6 +447,9 @@ def test_every_documented_command_runs(fixtures: Fixtures) -> None:
     print(f"skipped {len(skipped)}:")
     print("\n".join(skipped))
     assert not failures, "\n\n".join(failures)
+    # what the commands leave in the temp folder stays in the scratch folder: the demo's log
+    if any(argv[1] == "demo" for _, argv in todo):
+        assert list((fixtures.work / "tmp").glob("rltperf-demo-*.log")), "the demo's log went elsewhere"
 
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\x1b[=>]")
