@@ -24,6 +24,8 @@ from tests.conftest import LOOP_ENGINE, run_rltperf, start_engine
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
+    # The loop engine unpaced keeps a core busy from its first user to the module's end:
+    # the tests that start engines of their own come before its users.
     snaps = tmp_path_factory.mktemp("snaps")
     eng = start_engine([str(LOOP_ENGINE), "--duration", "300", "--snapshots", str(snaps)])
     eng.snapshots = snaps  # type: ignore[attr-defined]
@@ -34,6 +36,67 @@ def engine(tmp_path_factory):
 def _trace_events(bundle: Path) -> list[dict]:
     with gzip.open(bundle / "trace.json.gz", "rt") as f:
         return json.load(f)["traceEvents"]
+
+
+def test_unwarmed_profiler_flags_the_capture_cold(tmp_path):
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--snapshots", str(tmp_path), "--no-warm"])
+    try:
+        out = run_rltperf("capture", eng.target, "--steps", "3", "--mode", "ops", "--json")
+        assert out.returncode == 0, out.stderr
+        meta = json.loads((Path(json.loads(out.stdout)["bundle"]) / "meta.json").read_text())
+        assert meta["capture"]["cold"] is True and meta["capture"]["steps_captured"] == 3
+    finally:
+        eng.stop()
+
+
+@pytest.mark.parametrize("kind", ["read-only", "full-disk"])
+def test_capture_into_unwritable_root_fails_clearly_and_engine_runs(tmp_path, kind):
+    root = tmp_path / "snaps"
+    root.mkdir()
+    if os.geteuid() != 0 and kind == "read-only":
+        root.chmod(0o555)
+        mounted = False
+    else:
+        mounted = _ro_mount(root, None if kind == "read-only" else "48k")
+        if not mounted:
+            pytest.skip("cannot make a read-only / tiny file system here (needs root and mount)")
+    try:
+        eng = start_engine([str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(root), "--dim", "512"])
+        try:
+            out = run_rltperf("capture", eng.target, "--steps", "20", "--mode", "full")
+            assert out.returncode == 1
+            if kind == "read-only":
+                assert "Read-only file system" in out.stderr or "Permission denied" in out.stderr
+            else:
+                assert "disk full" in out.stderr
+            assert "Traceback" not in out.stderr
+            assert eng.proc.poll() is None
+            assert _engine_keeps_stepping(eng.target) > 50
+        finally:
+            eng.stop()
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(root)], capture_output=True)
+
+
+def test_in_thread_export_fallback_writes_the_same_bundle(tmp_path):
+    """Without fork (``RLTPERF_EXPORT_FORK=0``, or when the child dies) the export runs
+    in the engine's thread as before: slower for the engine, the same bundle."""
+    eng = start_engine(
+        [str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(tmp_path)],
+        env={"RLTPERF_EXPORT_FORK": "0"},
+    )
+    try:
+        out = run_rltperf("capture", eng.target, "--steps", "4", "--mode", "full", "--json")
+    finally:
+        eng.stop()
+    assert out.returncode == 0, out.stderr
+    bundle = Path(json.loads(out.stdout)["bundle"])
+    meta = json.loads((bundle / "meta.json").read_text())["capture"]
+    assert meta["export_in"] == "thread" and meta["complete"] is True and meta["steps_captured"] == 4
+    spans = [e for e in _trace_events(bundle) if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+    assert len(spans) == 4 and "Input Shapes" in (bundle / "ops.txt").read_text()
+    assert not list(bundle.glob(".export-result*"))
 
 
 @pytest.mark.parametrize("mode", ["full", "ops"])
@@ -102,17 +165,6 @@ def test_steps_overlapping_the_export_are_flagged(engine):
     assert not any(r["flags"] & 4 for r in rows if r["window"] in ("before", "captured"))
 
 
-def test_unwarmed_profiler_flags_the_capture_cold(tmp_path):
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--snapshots", str(tmp_path), "--no-warm"])
-    try:
-        out = run_rltperf("capture", eng.target, "--steps", "3", "--mode", "ops", "--json")
-        assert out.returncode == 0, out.stderr
-        meta = json.loads((Path(json.loads(out.stdout)["bundle"]) / "meta.json").read_text())
-        assert meta["capture"]["cold"] is True and meta["capture"]["steps_captured"] == 3
-    finally:
-        eng.stop()
-
-
 def test_second_capture_while_one_runs_is_refused(engine):
     s = ProbeAdapter(engine.target, reconnect=False).connect()
     try:
@@ -171,36 +223,6 @@ def _engine_keeps_stepping(target: str) -> int:
         s.close()
 
 
-@pytest.mark.parametrize("kind", ["read-only", "full-disk"])
-def test_capture_into_unwritable_root_fails_clearly_and_engine_runs(tmp_path, kind):
-    root = tmp_path / "snaps"
-    root.mkdir()
-    if os.geteuid() != 0 and kind == "read-only":
-        root.chmod(0o555)
-        mounted = False
-    else:
-        mounted = _ro_mount(root, None if kind == "read-only" else "48k")
-        if not mounted:
-            pytest.skip("cannot make a read-only / tiny file system here (needs root and mount)")
-    try:
-        eng = start_engine([str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(root), "--dim", "512"])
-        try:
-            out = run_rltperf("capture", eng.target, "--steps", "20", "--mode", "full")
-            assert out.returncode == 1
-            if kind == "read-only":
-                assert "Read-only file system" in out.stderr or "Permission denied" in out.stderr
-            else:
-                assert "disk full" in out.stderr
-            assert "Traceback" not in out.stderr
-            assert eng.proc.poll() is None
-            assert _engine_keeps_stepping(eng.target) > 50
-        finally:
-            eng.stop()
-    finally:
-        if mounted:
-            subprocess.run(["umount", str(root)], capture_output=True)
-
-
 def test_capture_command_refused_while_another_runs_never_says_armed(engine):
     """Issue 14: a second concurrent capture printed "armed" before "failed: a capture
     is already running"."""
@@ -233,23 +255,3 @@ def test_capture_command_without_a_terminal_prints_state_changes_only(engine):
     assert 1 <= len(capturing) <= 2, lines  # "capturing from step k", then one "k/64" line
     assert sum("armed" in x for x in lines) == 1 and sum("exporting" in x for x in lines) <= 1
     assert len(lines) <= 6, lines
-
-
-def test_in_thread_export_fallback_writes_the_same_bundle(tmp_path):
-    """Without fork (``RLTPERF_EXPORT_FORK=0``, or when the child dies) the export runs
-    in the engine's thread as before: slower for the engine, the same bundle."""
-    eng = start_engine(
-        [str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(tmp_path)],
-        env={"RLTPERF_EXPORT_FORK": "0"},
-    )
-    try:
-        out = run_rltperf("capture", eng.target, "--steps", "4", "--mode", "full", "--json")
-    finally:
-        eng.stop()
-    assert out.returncode == 0, out.stderr
-    bundle = Path(json.loads(out.stdout)["bundle"])
-    meta = json.loads((bundle / "meta.json").read_text())["capture"]
-    assert meta["export_in"] == "thread" and meta["complete"] is True and meta["steps_captured"] == 4
-    spans = [e for e in _trace_events(bundle) if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
-    assert len(spans) == 4 and "Input Shapes" in (bundle / "ops.txt").read_text()
-    assert not list(bundle.glob(".export-result*"))
