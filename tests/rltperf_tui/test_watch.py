@@ -71,7 +71,7 @@ def test_a_long_watch_reports_its_whole_run_not_its_last_file(tmp_path: Path, mo
     from tests.conftest import ROOT
 
     eng = start_engine(
-        ["-m", "rltperf_tui.cli", "engine", "--workload", "closed:4", "--duration", "30",
+        ["-m", "rltperf_tui.cli", "engine", "--workload", "closed:4", "--duration", "18",
          "--listen", "127.0.0.1:0", "--snapshots", str(tmp_path / "snaps")],
         timeout=120,
     )  # fmt: skip
@@ -145,7 +145,7 @@ def test_a_long_watch_reports_its_whole_run_not_its_last_file(tmp_path: Path, mo
 
 def test_watch_captures_the_stall_with_the_step_that_fired(stalled_engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "watch"
-    res = run_rltperf("watch", stalled_engine.target, "--trigger", "step_ms>150", "--duration", "25",
+    res = run_rltperf("watch", stalled_engine.target, "--trigger", "step_ms>150", "--duration", "18",
                       "--cooldown", "8", "--steps", "4", "--out", str(out), "-q", timeout=200)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().endswith("index.html") and (out / "index.html").exists()
