@@ -37,7 +37,6 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import select
 import shlex
 import signal
 import subprocess
@@ -52,6 +51,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, free_ports, start_engine
+from tests.rltperf_tui.tui._uihelpers import drain_pty
 
 README = ROOT / "README.md"
 ENGINE_DURATION_S = "3"
@@ -272,17 +272,9 @@ def run_tui(
     buf = bytearray()
 
     def pump(seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            r, _, _ = select.select([fd], [], [], 0.1)
-            if r:
-                try:
-                    chunk = os.read(fd, 65536)
-                except OSError:
-                    return
-                if not chunk:
-                    return
-                buf.extend(chunk)
+        got: list[bytes] = []
+        drain_pty(fd, seconds, got)
+        buf.extend(b"".join(got))
 
     try:
         deadline = time.monotonic() + start_timeout

@@ -450,26 +450,14 @@ def screen_beside_htop(target: str, duration: float, htop: str | None) -> dict[s
 
 
 def _print_baseline(b: dict[str, Any]) -> None:
-    """The this-checkout-beside-another lines of ``print_text``."""
-    if not b.get("measured", True):
-        print(f"beside the baseline: not measured ({b['why']})")
-        return
-    print(f"this checkout's screen beside the baseline's, both attached to one loop engine at "
-          f"{b['engine_rate_steps_per_s']:g} steps/s ({b['size']} tmux panes, the same {b['duration_s']:g} s "
-          f"after {b['warmup_s']:g} s, {b['rounds']} round(s)):")  # fmt: skip
-    for name, m in b["monitors"].items():
-        cpus = " ".join(f"{c:.4f}" for c in m["cpu_fraction"])
-        med = m["cpu_fraction_median"]
-        line = (
-            f"  {name:<22} CPU {med:.4f} of one core (rounds: {cpus})"
-            if med is not None
-            else f"  {name}: no figure"
+    """The this-checkout-beside-another lines of ``print_text``: ``bench peers``'s own."""
+    from rltperf_tui.bench import peers
+
+    if b.get("measured", True):
+        print(
+            f"this checkout's screen beside the baseline's, on one loop engine at {b['engine_rate_steps_per_s']:g} steps/s:"
         )
-        if m.get("rltperf_over_this_median") is not None:
-            line += f"; this / baseline {m['rltperf_over_this_median']:.3f} (median of the rounds' ratios)"
-        print(line)
-    for n in b["notes"]:
-        print(f"  note: {n}")
+    peers.print_text(b)
 
 
 def _print_screen(p: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ slow or stuck.
 
 The figure: the seconds the monitor's main thread (the one that draws) spent runnable
 but not running, over the last ``WAIT_SPAN_S`` seconds: the second field of Linux's
-``/proc/thread-self/schedstat`` (the scheduler's own accounting, ns).  For a thread
+``/proc/self/schedstat``, the thread-group leader's (the scheduler's own accounting, ns).  For a thread
 that never sleeps, wall time = its CPU time + this wait (``test_own_wait`` holds it to
 that).  None where the file does not exist (not Linux, or schedstat compiled out).
 """

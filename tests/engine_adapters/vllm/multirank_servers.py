@@ -14,6 +14,7 @@ TP 2 server are slow (warm-up).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -29,6 +30,7 @@ import tiny_ouro
 from vllm_fixtures import MODEL_NAME, ROOT, Server, free_ports, launch
 
 from engine_adapters.monitor.vllm.metrics import parse_scrape
+from tests.conftest import run_queue_s
 
 PASSES = 4
 LAYERS = tiny_ouro.LAYERS
@@ -93,14 +95,11 @@ def worker_queue_s(server: Server) -> dict[str, float]:
         except psutil.Error:
             continue
         if title.startswith("VLLM::Worker_TP"):
-            total = 0
+            total = 0.0
             for tid in os.listdir(f"/proc/{p.pid}/task"):
-                try:
-                    with open(f"/proc/{p.pid}/task/{tid}/schedstat") as f:
-                        total += int(f.read().split()[1])
-                except OSError:
-                    pass  # a thread that ended
-            out["tp" + title.removeprefix("VLLM::Worker_TP")] = total / 1e9
+                with contextlib.suppress(OSError):  # a thread that ended
+                    total += run_queue_s(p.pid, int(tid))
+            out["tp" + title.removeprefix("VLLM::Worker_TP")] = total
     return out
 
 
