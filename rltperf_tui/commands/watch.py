@@ -89,6 +89,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MB",
         help="recording budget per target (default 256)",
     )
+    p.add_argument(
+        "--save-every",
+        type=float,
+        default=SAVE_EVERY_S,
+        metavar="S",
+        help=f"save each target's whole-run figures every S s, what a crash can lose "
+        f"(default {SAVE_EVERY_S:g}; at least {SAVE_MIN_S:g})",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     add_target_options(p)
 
@@ -99,8 +107,10 @@ The report's figures are the whole run's (``WholeRun``), whatever it keeps."""
 PART_MIN_BYTES = 4 << 10
 """The smallest recording file: a budget under four of them keeps fewer, larger files."""
 SAVE_EVERY_S = 10.0
-"""How often each target's whole-run figures are persisted (``OUT/<target>.run.json``):
-a crash loses at most this much of them."""
+"""How often each target's whole-run figures are persisted by default
+(``OUT/<target>.run.json``, ``--save-every``): a crash loses at most this much of them."""
+SAVE_MIN_S = 0.5
+"""The shortest ``--save-every``: a save writes each target's sketches (a few kB)."""
 
 MAX_EVENTS = 2000
 """Events kept per target for the report (every capture is kept; the oldest fires that
@@ -239,6 +249,9 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         print("rltperf watch: error: --duration must be positive", file=sys.stderr)
         return 2
+    if not args.save_every >= SAVE_MIN_S:  # (a NaN too)
+        print(f"rltperf watch: error: --save-every must be at least {SAVE_MIN_S:g} s", file=sys.stderr)
+        return 2
     out = args.out or time.strftime("watch-%Y%m%dT%H%M%S")
     try:
         os.makedirs(out, exist_ok=True)
@@ -265,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
     limit = args.duration if args.duration is not None else float("inf")
     next_window = t0 + 0.5
     next_show = t0 + 1.0
-    next_save = t0 + SAVE_EVERY_S
+    next_save = t0 + args.save_every
     interrupted = False
     try:
         while time.monotonic() - t0 < limit and not all(w.ended for w in watched):
@@ -280,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
                     if not w.ended and w.stats.steps.n:
                         _act(w, Ingested(fires=w.check_window(w.stats.window(args.window))), watched, args)
             if now >= next_save:
-                next_save = now + SAVE_EVERY_S
+                next_save = now + args.save_every
                 for w in watched:
                     w.save_run()
             if now >= next_show:

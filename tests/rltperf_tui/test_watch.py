@@ -38,6 +38,13 @@ def test_a_malformed_rule_is_one_sentence_and_exit_2(rule: str) -> None:
     assert err.startswith("rltperf watch: error:") and "\n" not in err, err
 
 
+@pytest.mark.parametrize("every", ["0", "0.1", "nan", "-5"])
+def test_a_save_period_under_half_a_second_is_refused(every: str) -> None:
+    res = run_rltperf("watch", "tcp://127.0.0.1:9", "--trigger", "step_ms>150", "--save-every", every)
+    assert res.returncode == 2
+    assert res.stderr.strip() == "rltperf watch: error: --save-every must be at least 0.5 s", res.stderr
+
+
 def test_events_kept_are_bounded_and_captures_never_dropped(tmp_path: Path) -> None:
     from rltperf_tui.commands.watch import MAX_EVENTS, _Rotating, _Watched
     from rltperf_tui.live.driver import TargetSpec
@@ -204,21 +211,22 @@ def test_a_rule_that_never_fires_captures_nothing(stalled_engine, tmp_path: Path
 
 def test_a_crashed_watch_leaves_its_whole_run_figures(stalled_engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Killed without a word (SIGKILL: no report), the watch has saved its whole-run
-    figures within the last ``SAVE_EVERY_S``; they read back."""
+    figures within the last ``--save-every`` seconds (2 here: the default 10 s made this
+    test wait 22 s); they read back."""
     import os
     import signal
     import subprocess
     import sys
     import time
 
-    from rltperf_tui.commands.watch import SAVE_EVERY_S
     from rltperf_tui.live.whole_run import WholeRun
     from tests.conftest import ROOT
 
     out = tmp_path / "crash"
+    SAVE_S = 2.0
     proc = subprocess.Popen(
         [sys.executable, "-m", "rltperf_tui.cli", "watch", stalled_engine.target, "--trigger", "step_ms>100000",
-         "--out", str(out), "-q"],
+         "--out", str(out), "--save-every", str(SAVE_S), "-q"],
         env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -229,7 +237,7 @@ def test_a_crashed_watch_leaves_its_whole_run_figures(stalled_engine, tmp_path: 
             saved = list(out.glob("*.run.json")) if out.exists() else []
         assert saved, "the whole-run figures were saved while the watch ran"
         first = json.loads(saved[0].read_text())
-        time.sleep(SAVE_EVERY_S + 2)
+        time.sleep(SAVE_S + 2)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
@@ -238,4 +246,4 @@ def test_a_crashed_watch_leaves_its_whole_run_figures(stalled_engine, tmp_path: 
     run = WholeRun.from_json(again)
     fig = run.figures()
     assert fig["steps"] > WholeRun.from_json(first).figures()["steps"] > 0  # saved again since
-    assert fig["wall_s"] > SAVE_EVERY_S - 1 and fig["tokens_per_s"] and fig["step_ms"]["p50"]
+    assert fig["wall_s"] > SAVE_S and fig["tokens_per_s"] and fig["step_ms"]["p50"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -71,10 +72,13 @@ def _cli(server: Server, *args: str, timeout: float = 200) -> subprocess.Complet
 def dp2_run(dp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Record both probes (and ``attach --jsonl`` the server) around 8 s of load: the load
     starts once every monitor watches (a recording file exists once its probe answered;
-    a --jsonl line has metrics once two scrapes were taken) and ends before they stop."""
+    a --jsonl line has metrics once two scrapes were taken) and ends before they stop.
+    They stop on Ctrl-C (SIGINT: each exits 0 and keeps what it read) once the load is
+    over and the --jsonl lines have seen vLLM's last count, not after a fixed duration:
+    25 s of recording used to outlast the ~12 s they need by seconds of idle server."""
     d = tmp_path_factory.mktemp("dp2-run")
     recs = [d / f"dp{k}.rltrec" for k in range(2)]
-    cmd = [sys.executable, "-m", "rltperf_tui.cli", "record", "--duration", "25", "-q"]
+    cmd = [sys.executable, "-m", "rltperf_tui.cli", "record", "-q"]
     procs = [
         subprocess.Popen([*cmd, f"tcp://{p}", "-o", str(r)], env=M.cli_env(dp2), cwd=str(ROOT),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -82,7 +86,7 @@ def dp2_run(dp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     ]  # fmt: skip
     jsonl = subprocess.Popen(
         [sys.executable, "-m", "rltperf_tui.cli", "attach", f"vllm+http://127.0.0.1:{dp2.port}", "--jsonl",
-         "--duration", "27", "--window", "60"], env=M.cli_env(dp2), cwd=str(ROOT), stdout=subprocess.PIPE,
+         "--window", "60"], env=M.cli_env(dp2), cwd=str(ROOT), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     lines: list[str] = []
@@ -99,6 +103,15 @@ def dp2_run(dp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     load.run(8.0)
     time.sleep(1.5)
     after = [M.generated(dp2, str(k)) for k in range(2)]
+
+    def counted() -> bool:  # each engine's last --jsonl line has seen vLLM's last count
+        last = {o["target"]: o["metrics"] for o in map(json.loads, list(lines)) if o.get("metrics")}
+        seen = [m["tokens_per_s"] * m["span_s"] for m in last.values()]
+        return len(seen) == 2 and sum(seen) >= 0.98 * sum(after) - 0.98 * sum(before)
+
+    M.wait_until(counted, 60, "the --jsonl lines count the load's tokens")
+    for p in (*procs, jsonl):
+        p.send_signal(signal.SIGINT)
     for p in procs:
         _o, err = finish_cli(p, 90)
         assert p.returncode == 0, err[-2000:]

@@ -141,18 +141,18 @@ def test_kinds_run_grouped_once_each_and_stop_after_their_last_user(tmp_path: Pa
 
 
 def test_in_a_parallel_run_one_worker_runs_every_kind_user_in_order(tmp_path: Path) -> None:
-    """``-n 2 --dist loadgroup`` (the README's parallel mode): the tests using a kind all
+    """``-n 3 --dist loadgroup`` (the README's parallel mode): the tests using a kind all
     run on one worker, in the serial order, so each kind starts once; each worker
     announces into its own runtime directory; the controller sums the workers' starts."""
     trace = _write_suite(tmp_path)
-    for i in range(4):  # enough plain modules that both workers get some
+    for i in range(6):  # enough plain modules that every worker gets some
         (tmp_path / f"test_plain_{i}.py").write_text(_TRACK + f"def test_p{i}():\n    track('p{i}')\n")
     # a vllm module using no kind starts a server of its own (the TP 2 and DP 2 modules):
     # it runs on the kind users' worker too, before them, never beside their servers
     (tmp_path / "test_own.py").write_text(
         "import pytest\npytestmark = pytest.mark.vllm\ndef test_own_1():\n    pass\ndef test_own_2():\n    pass\n"
     )
-    p = _pytest(tmp_path, "-n", "2", "--dist", "loadgroup", env={"TRACE": str(trace)})
+    p = _pytest(tmp_path, "-n", "3", "--dist", "loadgroup", env={"TRACE": str(trace)})
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
     group = ["test_own_1", "test_own_2", "test_a1", "test_a2", "test_ab", "test_b1"]
@@ -162,8 +162,8 @@ def test_in_a_parallel_run_one_worker_runs_every_kind_user_in_order(tmp_path: Pa
     dirs: dict[str, set[str]] = {}
     for _, worker, runtime in rows:
         dirs.setdefault(worker, set()).add(runtime)
-    assert len(dirs) == 2 and all(len(d) == 1 for d in dirs.values()), dirs
-    assert len(set().union(*dirs.values())) == 2, dirs  # a directory of its own per worker
+    assert len(dirs) == 3 and all(len(d) == 1 for d in dirs.values()), dirs
+    assert len(set().union(*dirs.values())) == 3, dirs  # a directory of its own per worker
     _, pids = _server_pids(trace)
     assert all(len(v) == 1 for v in pids.values()), pids  # one start per kind
     assert "shared vLLM servers started: fake_a x1, fake_b x1" in p.stdout, p.stdout

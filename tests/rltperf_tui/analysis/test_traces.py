@@ -177,10 +177,13 @@ def test_memory_peaks_from_memory_events() -> None:
 
 @pytest.mark.slow
 def test_real_capture_idle_matches_known_sleeps(tmp_path: Path) -> None:
-    """A loop that sleeps 100 ms between 1-op steps of ~100 ms: trace idle = sleeps ± 1 pp."""
+    """A loop that sleeps 100 ms between 1-op steps of ~100 ms: trace idle = sleeps ± 1 pp,
+    plus at most the time the loop waited for a core meanwhile.  (Python's time between
+    its ops, when another tenant takes the core, is idle in the trace and in no sleep: a
+    run with three test workers on 2 cores read 0.5539 against sleeps of 0.5381.)"""
     from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Refused
     from engine_adapters.monitor.registry import adapter_for
-    from tests.conftest import LOOP_ENGINE, start_engine
+    from tests.conftest import LOOP_ENGINE, run_queue_s, start_engine
 
     truth = tmp_path / "truth.json"
     eng = start_engine(
@@ -205,6 +208,7 @@ def test_real_capture_idle_matches_known_sleeps(tmp_path: Path) -> None:
         s = adapter_for(eng.target, reconnect=False).connect()
         try:
             time.sleep(0.5)
+            queued0 = run_queue_s(eng.proc.pid)  # the loop's thread (the main one)
             cid = s.request_capture(4, "ops")
             done = None
             deadline = time.monotonic() + 60
@@ -212,6 +216,7 @@ def test_real_capture_idle_matches_known_sleeps(tmp_path: Path) -> None:
                 for r in s.read(0.2):
                     if isinstance(r, (CaptureDone, CaptureFailed, Refused)) and r.capture_id == cid:
                         done = r
+            queued_s = run_queue_s(eng.proc.pid) - queued0  # (over more than the window)
         finally:
             s.close()
     finally:
@@ -231,8 +236,8 @@ def test_real_capture_idle_matches_known_sleeps(tmp_path: Path) -> None:
     sleep_fraction = slept_s / ib.window_s
     print(
         f"window {ib.window_s:.3f} s, trace idle {ib.idle_fraction:.4f}, sleeps {sleep_fraction:.4f}, "
-        f"between steps {ib.between_steps_s / ib.window_s:.4f}"
+        f"between steps {ib.between_steps_s / ib.window_s:.4f}, loop queued {queued_s:.3f} s"
     )  # shown with -s
-    assert ib.idle_fraction == pytest.approx(sleep_fraction, abs=0.01)
+    assert sleep_fraction - 0.01 <= ib.idle_fraction <= sleep_fraction + 0.01 + queued_s / ib.window_s
     assert ib.between_steps_s is not None and ib.between_steps_s >= slept_s  # the sleeps are between steps
     assert ib.host_wait_s == pytest.approx(ib.idle_s)
