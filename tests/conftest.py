@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -203,6 +204,45 @@ def run_queue_s(pid: int, tid: int | None = None) -> float:
     still shows an engine that was stopped (not to a GIL held by one of the engine's own
     threads while that thread waits for a core: ``test_faults.py`` ``Pace``)."""
     return _schedstat(pid, tid, 1)
+
+
+class QueueSampler:
+    """The run-queue wait (``run_queue_s``) of some processes' main threads, summed and
+    sampled every ``period_s`` in a thread, stamped with ``time.perf_counter_ns`` (the
+    probe's clock: CLOCK_MONOTONIC, shared by every process).  ``queued_ms(t0, t1)`` is
+    an upper bound of what those threads waited for a core between two instants of that
+    clock: the growth from the last sample at or before ``t0`` to the first at or after
+    ``t1`` (a sampler itself kept from a core samples less often, and bounds wider).  A
+    test on a shared machine excuses a slow step by it, never more than it."""
+
+    def __init__(self, pids: list[int], period_s: float = 0.005) -> None:
+        self.pids = pids
+        self.period_s = period_s
+        self.samples: list[tuple[int, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            total = 0.0
+            for pid in self.pids:
+                with contextlib.suppress(OSError):  # a process that ended
+                    total += run_queue_s(pid)
+            self.samples.append((time.perf_counter_ns(), total))
+            self._stop.wait(self.period_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def queued_ms(self, t0_ns: int, t1_ns: int) -> float | None:
+        """None where the samples do not reach around ``[t0_ns, t1_ns]``."""
+        before = [q for t, q in self.samples if t <= t0_ns]
+        after = [q for t, q in self.samples if t >= t1_ns]
+        if not before or not after:
+            return None
+        return (after[0] - before[-1]) * 1e3
 
 
 def run_s(pid: int, tid: int | None = None) -> float:

@@ -14,6 +14,7 @@ records around each capture, against the limit ``rltperf bench capture`` holds s
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -32,7 +33,7 @@ from vllm_fixtures import ROOT, Load, Server
 from engine_adapters.definitions.records import Stats, StepRecord
 from engine_adapters.monitor.recording import read_all
 from rltperf_tui.bench.capture_vllm import window_stalls
-from tests.conftest import finish_cli, run_cli
+from tests.conftest import QueueSampler, finish_cli, run_cli
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -76,6 +77,7 @@ def run(vllm_server: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     rec = d / "plain.rltrec"
     Load(vllm_server.url, conc=2, max_tokens=16).run(2.0)  # warm
     stop = threading.Event()
+    queued = QueueSampler(_step_pids(vllm_server))
     load = Load(vllm_server.url, conc=3, max_tokens=64)
     t = threading.Thread(target=load.run_until, args=(stop,), daemon=True)
     t.start()
@@ -105,10 +107,26 @@ def run(vllm_server: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         _out, err = finish_cli(recorder, 60)
         stop.set()
         t.join(90)
+        queued.stop()
     _meta, records = read_all(rec)
     time.sleep(1.0)
     idle, idle_s = _capture(vllm_server, "ops")  # nothing runs now
-    return {"captures": caps, "records": records, "load": load, "idle": idle, "idle_s": idle_s, "err": err}
+    return {"captures": caps, "records": records, "load": load, "idle": idle, "idle_s": idle_s, "err": err,
+            "queued": queued}  # fmt: skip
+
+
+def _step_pids(server: Server) -> list[int]:
+    """The server's engine core and worker (their main threads run each step)."""
+    import psutil
+
+    assert server.proc is not None
+    pids = []
+    for p in psutil.Process(server.proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if " ".join(p.cmdline()).strip() in ("VLLM::EngineCore", "VLLM::Worker"):
+                pids.append(p.pid)
+    assert len(pids) == 2, pids
+    return pids
 
 
 def _trace(bundle: str, name: str = "trace.json.gz") -> list[dict[str, Any]]:
@@ -181,16 +199,24 @@ def test_no_step_or_gap_beyond_the_limit_around_each_ops_capture(run: dict[str, 
             c["profiler_warmup_step"],
         )
         end = c["window_end_ns"] + c["export_s"] * 1e9
+
+        def own_ms(r: StepRecord, queued: QueueSampler = run["queued"]) -> float:
+            """The step's time less what its engine core and worker waited for a core
+            meanwhile (other tests' load on the 2 cores: a run with three test workers had
+            two steps of 47 and 52 ms against a limit of 44)."""
+            ms = (r.end_ns - r.start_ns) / 1e6
+            return ms - (queued.queued_ms(r.start_ns, r.end_ns) or 0.0)
+
         over = sorted(
-            ((r.end_ns - r.start_ns) / 1e6, r.step_id)
+            (own_ms(r), (r.end_ns - r.start_ns) / 1e6, r.step_id)
             for r in steps
-            if r.end_ns >= warm.start_ns and r.start_ns <= end and (r.end_ns - r.start_ns) / 1e6 > w.limit_ms
+            if r.end_ns >= warm.start_ns and r.start_ns <= end and own_ms(r) > w.limit_ms
         )
         # at most one step over the limit: the one the export lands on (when the export thread
         # gets the GIL), by at most the export thread's saving time
         assert len(over) <= 1, (over, w)
         if over:
-            ms, sid = over[0]
+            ms, _wall_ms, sid = over[0]
             assert sid > c["step_ids"][-1] and ms <= w.limit_ms + save_ms, (over, save_ms, w)
 
 
