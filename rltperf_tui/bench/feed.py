@@ -74,3 +74,18 @@ class Feed:
             except OSError:
                 pass
         return self.rss
+
+    def capture(self, mode: str, steps: int) -> tuple[Any, int]:
+        """One capture; (its reply, or None after 300 s; client send time)."""
+        from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Refused
+
+        t_send = time.perf_counter_ns()
+        cid = self.session.request_capture(steps, mode, "bench")
+        result = self.read(
+            300,  # a low-priority export child on a busy box is slow
+            lambda r: (
+                isinstance(r, (CaptureDone, CaptureFailed, Refused)) and getattr(r, "capture_id", None) == cid
+            ),
+        )
+        self.read(1.0)  # the steps that overlap the export's end arrive a little later
+        return result, t_send

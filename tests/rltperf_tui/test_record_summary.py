@@ -20,7 +20,7 @@ def test_summary_matches_the_loops_own_measurement(tmp_path):
         [
             str(LOOP_ENGINE),
             "--duration",
-            "12",
+            "60",
             "--out",
             str(truth),
             "--sleep-ms",
@@ -34,6 +34,7 @@ def test_summary_matches_the_loops_own_measurement(tmp_path):
         assert out.returncode == 0, out.stderr
         assert rec.stat().st_size > 1000
     finally:
+        eng.proc.terminate()  # the loop ends at SIGTERM and writes its truth (it ran 12 s, spinning)
         eng.proc.wait(60)
     summ = json.loads(run_rltperf("summary", str(rec), "--json").stdout)
     loop = json.loads(truth.read_text())

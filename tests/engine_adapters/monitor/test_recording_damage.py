@@ -58,10 +58,14 @@ def is_subsequence(small: list[Record], big: list[Record]) -> bool:
 
 @pytest.fixture(scope="module")
 def engine_recording(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A recording of the real torch loop made with `rltperf record` (Batch frames)."""
+    """A recording of the real torch loop made with `rltperf record` (Batch frames), paced
+    at 400 steps/s: unpaced, its size (and the fuzzing's time over it, 9-31 s) went with
+    whatever CPU the loop got."""
     d = tmp_path_factory.mktemp("rec")
     path = d / "loop.rltrec"
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "30", "--snapshots", str(d), "--no-warm"])
+    eng = start_engine(
+        [str(LOOP_ENGINE), "--duration", "30", "--snapshots", str(d), "--no-warm", "--rate", "400"]
+    )
     try:
         out = run_rltperf("record", eng.target, "--duration", "2.5", "-o", str(path), "-q")
         assert out.returncode == 0, out.stderr

@@ -30,7 +30,7 @@ def test_repeated_captures_leave_the_engine_rss_flat() -> None:
     assert r["ok"] and not rss["failed"], rss
     assert rss["source"].startswith("/proc/") and None not in rss["rss_mb"], rss
     # counted once the young engine's own growth has ended (its probe reader's recent
-    # steps: ~28 s, bench.capture._settle)
+    # steps: ~28 s, bench.capture_rss._settle)
     assert rss["settled_s"] is not None, rss
     # Memory, not time, and the goal as it is written: after 2 warm-up captures,
     # the next 10 grow RSS by at most 10 MB in all, beyond what the engine grew by itself

@@ -1,10 +1,10 @@
-"""``rltperf bench capture``'s memory figure (the live run is ``tests/engine_adapters/probe/test_capture_memory.py``)."""
+"""``rltperf bench capture``'s memory figure (``capture_rss``; the live run is ``tests/engine_adapters/probe/test_capture_memory.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rltperf_tui.bench.capture import net_growth_mb
+from rltperf_tui.bench.capture_rss import net_growth_mb
 
 
 def test_the_engines_own_growth_is_taken_out_and_a_fall_is_not_charged_to_the_captures() -> None:
