@@ -162,7 +162,7 @@ def test_engine_hello_carries_the_calibration_and_mbu_uses_it(
     calibrated: tuple[dict[str, Any], dict[str, str]], tmp_path: Path
 ) -> None:
     res, env = calibrated
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "30", "--no-warm", "--snapshots", str(tmp_path)],
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "30", "--no-warm", "--rate", "200", "--snapshots", str(tmp_path)],
                        env={"RLTPERF_CACHE": env["RLTPERF_CACHE"]})  # fmt: skip
     try:
         hello, recs, _ = _hello_and_steps(eng.target, 2.5)
@@ -196,7 +196,8 @@ def test_engine_hello_carries_the_calibration_and_mbu_uses_it(
 def test_fresh_machine_gets_a_quick_calibration_and_mbu_at_once(tmp_path: Path) -> None:
     """No cache: the probe measures quickly at start; MBU is known from the first window."""
     t_start = time.monotonic()
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "30", "--no-warm", "--snapshots", str(tmp_path / "s")],
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "30", "--no-warm", "--rate", "200",
+                        "--snapshots", str(tmp_path / "s")],
                        env={"RLTPERF_CACHE": str(tmp_path / "fresh")})  # fmt: skip
     try:
         hello, recs, _ = _hello_and_steps(eng.target, 1.5)

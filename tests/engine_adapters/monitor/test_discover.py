@@ -91,7 +91,7 @@ def test_closed_ports_cost_no_timeout() -> None:
 def test_finds_the_probe_and_not_the_plain_http_server(plain_http: int) -> None:
     base = free_ports(100)
     eng = start_engine([str(LOOP_ENGINE), "--listen", f"127.0.0.1:{base + 7}", "--duration", "60", "--no-warm",
-                        "--prometheus-port", str(base + 8)])  # fmt: skip
+                        "--rate", "200", "--prometheus-port", str(base + 8)])  # fmt: skip
     prom_line = eng.proc.stdout.readline() if eng.proc.stdout else ""
     assert prom_line.startswith("PROMETHEUS "), prom_line  # it listens
     t0 = time.monotonic()
@@ -135,7 +135,9 @@ def test_finds_the_probe_and_not_the_plain_http_server(plain_http: int) -> None:
 
 
 def test_a_probe_that_wants_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--no-warm", "--token", "s3cret"])
+    eng = start_engine(
+        [str(LOOP_ENGINE), "--duration", "60", "--no-warm", "--rate", "200", "--token", "s3cret"]
+    )
     try:
         host, port = eng.address.rsplit(":", 1)
         monkeypatch.delenv("RLTPERF_TOKEN", raising=False)
@@ -173,7 +175,7 @@ def test_a_probe_busy_past_the_timeout_is_still_found(monkeypatch: pytest.Monkey
     has given up: the engine is resumed as the hello starts, not after a fixed time (a
     1.3 s timer raced the 1.0 s try on a loaded CI machine: the engine answered the try,
     and the hello then timed out)."""
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--no-warm"])
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--no-warm", "--rate", "200"])
     host, port = eng.address.rsplit(":", 1)
     real_hello = discover.probe_hello
     resumed: list[float] = []

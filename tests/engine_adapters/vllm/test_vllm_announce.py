@@ -223,7 +223,7 @@ def test_summary_json_has_the_same_keys_for_every_kind_of_target(server: Server,
     lrec = tmp_path / "loop.rltrec"
     # (a --duration of 8 s once ended the engine before a recorder slowed by the machine's
     # load had its 2 s: the engine runs until stopped here)
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(tmp_path)])
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "120", "--rate", "200", "--snapshots", str(tmp_path)])
     try:
         out = run_rltperf("record", eng.target, "--duration", "2", "-o", str(lrec), "-q")
         assert out.returncode == 0, out.stderr
