@@ -18,7 +18,7 @@ How a documented command becomes a runnable one (``runnable``):
   still be running after a few seconds, and quit on ``q`` with status 0;
 - skipped, each with the reason printed: what needs hardware this machine lacks
   (``--device cuda``), vLLM server starts and downloads, the installs (``pip install``,
-  ``python3 -m venv``: .ci/run runs that block verbatim on a fresh clone) and the test
+  ``python3 -m venv``, ``-m compileall``: .ci/run runs that block verbatim on a fresh clone) and the test
   suite itself (``python -m pytest``);
 - what attaches to a vLLM server (a ``vllm+http://`` target, or a command after a vLLM
   server start in the same README block, such as the Ouro section's ``attach
@@ -168,7 +168,7 @@ def skip_reason(argv: list[str]) -> str | None:
         return "downloads from the Hugging Face Hub (no internet on the test machines)"
     if argv[:1] == ["python3"] and "venv" in argv:
         return "creates a virtual environment (.ci/run runs the install block verbatim on a fresh clone)"
-    if argv and argv[0].endswith("pip"):
+    if (argv and argv[0].endswith("pip")) or "compileall" in argv:
         return "installs packages (.ci/run runs the install block verbatim on a fresh clone)"
     if "pytest" in argv:
         return "the test suite itself (this test is part of it)"
