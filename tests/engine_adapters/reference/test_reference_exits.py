@@ -54,8 +54,12 @@ def test_oracle_compact_histogram_and_depth_times(run_reference) -> None:
     surv = np.array([1.0, 1 - ORACLE[0], 1 - ORACLE[0] - ORACLE[1], ORACLE[3]])
     np.testing.assert_allclose(toks.mean(axis=0) / BATCH, surv, atol=0.04)
     assert np.all(np.diff(toks, axis=1) <= 0)  # compaction only ever removes tokens
-    ns = np.median(np.array([s.loop_ns for s in dec], dtype=float), axis=0)
-    # later depths take less time as tokens leave (depth 4 runs ~10% of the tokens)
+    # later depths take less time as tokens leave (depth 4 runs ~10% of the tokens): each
+    # depth's undisturbed time, its 10th percentile over the steps (a preemption only
+    # lengthens the depth it lands in; beside other tests' load the medians read 5.8, 5.4,
+    # 2.0, 1.2 ms in a CI run, against 2.3, 1.6, 1.2, 0.8 quiet).  Depth 2 / depth 1 by
+    # the 10th percentile: 0.70-0.71 quiet, 0.69-0.75 beside three CPU hogs.
+    ns = np.percentile(np.array([s.loop_ns for s in dec], dtype=float), 10, axis=0)
     assert ns[1] < 0.9 * ns[0] and ns[3] < 0.5 * ns[0], ns
     # the monitor's aggregator sees the same thing
     ts = TargetStats(grow=True)
@@ -73,13 +77,13 @@ def test_oracle_select_histogram_and_flat_depth_times(run_reference) -> None:
     _check_hist(hist)
     # select runs every loop on every token whatever the exits: per-depth time stays flat
     assert all(s.loop_tokens == [BATCH] * 4 for s in dec)
-    ns = np.median(np.array([s.loop_ns for s in dec], dtype=float), axis=0)
+    ns = np.percentile(np.array([s.loop_ns for s in dec], dtype=float), 10, axis=0)  # (undisturbed: above)
     # ... where compact's falls with the tokens leaving (depth 4 runs ~10% of them).  Both
     # measured here, back to back, as ratios of one run's own depths: a loaded machine
     # slows every depth of a step alike (an absolute bound, max/min < 1.35, failed under
     # load: the first pass also pays for the weights other processes pushed out of cache)
     comp = _decode_steps(run_reference(_cfg("compact"), steps=50).steps)
-    cns = np.median(np.array([s.loop_ns for s in comp], dtype=float), axis=0)
+    cns = np.percentile(np.array([s.loop_ns for s in comp], dtype=float), 10, axis=0)
     spread = float(np.abs(np.log(ns / ns[0])).max())  # select's largest step between depths
     fall = float(abs(np.log(cns[3] / cns[0])))  # compact's fall from depth 1 to 4 (~0.2x)
     print(f"select: depths differ by up to x{np.exp(spread):.2f}; compact falls x{np.exp(-fall):.2f}")

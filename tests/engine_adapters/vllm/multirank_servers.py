@@ -113,6 +113,20 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+def wait_recorded(rec: Path, tokens: float, timeout: float = 60.0) -> None:
+    """Wait until the recording ``rec``, still being written (flushed about once a second),
+    holds steps whose tokens (``out_tokens``) reach 98 % of ``tokens``: then a recorder
+    stopped with Ctrl-C has read the whole load (a recorder short of CPU reads it late)."""
+    from engine_adapters.definitions.records import StepRecord
+    from engine_adapters.monitor.recording import read_all
+
+    def recorded() -> bool:
+        steps = [r for r in read_all(rec)[1] if isinstance(r, StepRecord)]
+        return sum(s.out_tokens for s in steps) >= 0.98 * tokens
+
+    wait_until(recorded, timeout, f"{rec.name} holds the load's {tokens:.0f} tokens")
+
+
 def read_lines(stream: IO[str], into: list[str]) -> threading.Thread:
     """Collect ``stream``'s lines into ``into`` in a thread (the caller waits on them)."""
 

@@ -74,7 +74,7 @@ def dp2_run(dp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     starts once every monitor watches (a recording file exists once its probe answered;
     a --jsonl line has metrics once two scrapes were taken) and ends before they stop.
     They stop on Ctrl-C (SIGINT: each exits 0 and keeps what it read) once the load is
-    over and the --jsonl lines have seen vLLM's last count, not after a fixed duration:
+    over and the --jsonl lines and the recordings hold vLLM's last count, not after a fixed duration:
     25 s of recording used to outlast the ~12 s they need by seconds of idle server."""
     d = tmp_path_factory.mktemp("dp2-run")
     recs = [d / f"dp{k}.rltrec" for k in range(2)]
@@ -110,6 +110,8 @@ def dp2_run(dp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
         return len(seen) == 2 and sum(seen) >= 0.98 * sum(after) - 0.98 * sum(before)
 
     M.wait_until(counted, 60, "the --jsonl lines count the load's tokens")
+    for r, a, b in zip(recs, after, before, strict=True):
+        M.wait_recorded(r, a - b)
     for p in (*procs, jsonl):
         p.send_signal(signal.SIGINT)
     for p in procs:

@@ -73,8 +73,9 @@ def _cli(
 
 @pytest.fixture(scope="module")
 def tp2_run(tp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Warm the server up, then record the probe around 8 s of load (stopped by Ctrl-C a
-    second after the load, not after a fixed 16 s), then capture 4 steps under load."""
+    """Warm the server up, then record the probe around 8 s of load (stopped by Ctrl-C
+    once the recording holds the load's tokens, not after a fixed 16 s), then capture 4
+    steps under load."""
     d = tmp_path_factory.mktemp("tp2-run")
     Load(tp2.url, conc=2, max_tokens=16).run(6.0)  # the first seconds of a TP 2 server are slow
     rec = d / "tp2.rltrec"
@@ -89,10 +90,10 @@ def tp2_run(tp2: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     q0 = M.worker_queue_s(tp2)
     load.run(8.0)
     q1 = M.worker_queue_s(tp2)
-    time.sleep(1.0)  # the load's last steps reach the recorder; then Ctrl-C (exit 0, all kept)
+    after = M.generated(tp2)
+    M.wait_recorded(rec, after - before)  # then Ctrl-C: exit 0, all it read kept
     recorder.send_signal(signal.SIGINT)
     _out, err = finish_cli(recorder, 90)
-    after = M.generated(tp2)
     assert recorder.returncode == 0, err[-2000:]
     stop = threading.Event()
     bg = Load(tp2.url, conc=2, max_tokens=64)
