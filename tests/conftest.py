@@ -9,6 +9,7 @@ and how to add a kind.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import random
@@ -238,11 +239,12 @@ class QueueSampler:
 
     def queued_ms(self, t0_ns: int, t1_ns: int) -> float | None:
         """None where the samples do not reach around ``[t0_ns, t1_ns]``."""
-        before = [q for t, q in self.samples if t <= t0_ns]
-        after = [q for t, q in self.samples if t >= t1_ns]
-        if not before or not after:
+        samples = list(self.samples)  # (in time order)
+        i = bisect.bisect_right(samples, t0_ns, key=lambda s: s[0]) - 1  # the last at or before t0
+        j = bisect.bisect_left(samples, t1_ns, key=lambda s: s[0])  # the first at or after t1
+        if i < 0 or j >= len(samples):
             return None
-        return (after[0] - before[-1]) * 1e3
+        return (samples[j][1] - samples[i][1]) * 1e3
 
 
 def run_s(pid: int, tid: int | None = None) -> float:
