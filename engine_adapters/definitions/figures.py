@@ -67,7 +67,7 @@ import numpy as np
 
 from engine_adapters.definitions.energy import MIN_SPAN_S as MIN_ENERGY_SPAN_S
 from engine_adapters.definitions.energy import window_energy
-from engine_adapters.definitions.order_stats import quantiles
+from engine_adapters.definitions.order_stats import quantiles, sorted_quantiles
 from engine_adapters.definitions.records import FLAG_EXPORTING, FLAG_PROFILED, FLAG_WARMUP
 
 EXCLUDED_FLAGS = FLAG_PROFILED | FLAG_EXPORTING | FLAG_WARMUP
@@ -295,6 +295,15 @@ def pct(values: np.ndarray) -> dict[str, float | None]:
     if values.size == 0:
         return {f"p{p}": None for p in PERCENTILES}
     q = quantiles(values, PERCENTILES)
+    return {f"p{p}": float(v) for p, v in zip(PERCENTILES, q, strict=True)}
+
+
+def pct_sorted(values: np.ndarray) -> dict[str, float | None]:
+    """``pct`` of samples already sorted ascending (the live window keeps its samples
+    sorted: ``rltperf_tui.live.sorted_window``); the same figures, to the bit."""
+    if values.size == 0:
+        return {f"p{p}": None for p in PERCENTILES}
+    q = sorted_quantiles(values, PERCENTILES)
     return {f"p{p}": float(v) for p, v in zip(PERCENTILES, q, strict=True)}
 
 

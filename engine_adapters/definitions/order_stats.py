@@ -45,7 +45,22 @@ def quantiles(values: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
         if np.isnan(part[-1]):  # numpy: any NaN makes every percentile that NaN
             return np.full(len(qs), part[-1])
         found = part[lo], part[hi]
-    a, b = found
+    return _lerp(*found, gamma, upper)
+
+
+def sorted_quantiles(s: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
+    """``quantiles`` of values already sorted ascending (``s``, 1-D, at least one value):
+    the same positions and arithmetic, without a partition (the live window keeps its
+    samples sorted as it slides: ``rltperf_tui.live.sorted_window``).  The same bits as
+    ``np.percentile`` of the unsorted values, as long as no value is NaN and zeros are
+    of one sign (which of ``-0.0`` and ``0.0`` sorts first is the partition's choice)."""
+    if np.isnan(s[-1]):  # NaN sorts last; numpy makes every percentile that NaN
+        return np.full(len(qs), s[-1], dtype=np.float64)
+    lo, hi, gamma, upper, _ = _plan(s.size, tuple(qs))
+    return _lerp(s[lo].astype(np.float64), s[hi].astype(np.float64), gamma, upper)
+
+
+def _lerp(a: np.ndarray, b: np.ndarray, gamma: np.ndarray, upper: np.ndarray) -> np.ndarray:
     diff = b - a  # numpy's _lerp, step by step
     out = a + diff * gamma
     np.subtract(b, diff * (1 - gamma), out=out, where=upper)
@@ -94,6 +109,16 @@ def median(values: np.ndarray) -> float:
     if v.size % 2:
         return float(part[k])
     return float((part[:k].max() + part[k]) / 2)
+
+
+def sorted_median(s: np.ndarray) -> float:
+    """``median`` of int64 values already sorted ascending (at least one): the upper
+    middle, or the mean of both middles as float64, as ``column_medians`` computes it."""
+    k = s.size // 2
+    upper = float(s[k])
+    if s.size % 2:
+        return upper
+    return (float(s[k - 1]) + upper) / 2
 
 
 def column_medians(m: np.ndarray, overwrite_input: bool = False) -> np.ndarray:

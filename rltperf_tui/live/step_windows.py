@@ -17,8 +17,8 @@ import numpy as np
 
 from engine_adapters.definitions import figures as F
 from engine_adapters.definitions import roofline
-from engine_adapters.definitions.figures import pct
-from engine_adapters.definitions.order_stats import column_medians, median
+from engine_adapters.definitions.figures import pct, pct_sorted
+from engine_adapters.definitions.order_stats import column_medians, sorted_median
 from engine_adapters.definitions.records import (
     FLAG_EXPORTING,
     FLAG_PROFILED,
@@ -27,13 +27,13 @@ from engine_adapters.definitions.records import (
     RequestRecord,
     StepRecord,
 )
+from rltperf_tui.live.sorted_window import WindowSlide
 from rltperf_tui.live.step_rings import (
     MAX_STAGES,
     REQ_COLS,
     STEP_COLS,
     Ring,
     TimelineSums,
-    WindowSums,
     request_columns,
     step_columns,
 )
@@ -59,10 +59,10 @@ class StepWindows:
         """Whether any step so far reported busy time, bytes, FLOPs (a window without such
         steps then reads 0, not unknown)."""
         self._timeline: TimelineSums | None = None
-        self._wsums: dict[float | None, WindowSums] = {}
-        self._gap_memo: (
-            tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None
-        ) = None
+        self._slides: dict[float | None, WindowSlide] = {}
+        self._grown: dict[tuple[float, int, int], tuple[str | None, float | None]] = {}
+        """(window, stages, step id) -> the stage that grew most before an idle gap after
+        that step, and by how much (``idle_gaps``)."""
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -148,15 +148,15 @@ class StepWindows:
 
         return col
 
-    def _matrix_sums(self, seconds: float | None, n: int) -> dict[str, np.ndarray]:
-        """Column sums of the per-step matrices over the newest ``n`` rows, slid forward
-        from the previous call for the same ``seconds`` (``WindowSums``)."""
-        ws = self._wsums.get(seconds)
-        if ws is None:
-            if len(self._wsums) >= 4:
-                self._wsums.pop(next(iter(self._wsums)))
-            ws = self._wsums[seconds] = WindowSums()
-        return ws.get(self.steps, self.steps.n - n, self.steps.n)
+    def _slide(self, seconds: float | None) -> WindowSlide:
+        """What the window of the last ``seconds`` keeps between calls (its matrix sums
+        and sorted samples, slid forward: ``sorted_window.WindowSlide``)."""
+        sl = self._slides.get(seconds)
+        if sl is None:
+            if len(self._slides) >= 4:
+                self._slides.pop(next(iter(self._slides)))
+            sl = self._slides[seconds] = WindowSlide(self.steps)
+        return sl
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -190,7 +190,6 @@ class StepWindows:
         k = start_x.size - n  # 1 when the step before the window is kept
         start = start_x[k:]
         end = end_x[k:]
-        ids = col("step_id")
         flags = col("flags")
         peak_bw = ceiling.peak_bw_gbps if ceiling else None
         peak_fl = ceiling.peak_gflops if ceiling else None
@@ -218,9 +217,8 @@ class StepWindows:
         n_keep = int(keep.sum())
         dur = (end - start).astype(np.float64)
         dur_k = dur[keep]
-        consec = (np.diff(ids) == 1) & keep[1:] & keep[:-1]
-        gaps = (start[1:] - end[:-1]).astype(np.float64)[consec] if n > 1 else np.zeros(0)
-        sums = self._matrix_sums(seconds, n)
+        slide = self._slide(seconds)
+        sums = slide.sums.get(self.steps, self.steps.n - n, self.steps.n)
         if n_keep < n:  # take the few excluded rows back out of the sliding sums
             sums = {c: v - col(c)[~keep].sum(axis=0, dtype=np.int64) for c, v in sums.items()}
         stage_mean = {}
@@ -248,8 +246,8 @@ class StepWindows:
             seconds=float(seconds) if seconds is not None else fig.wall_s,
             span_s=fig.wall_s,
             steps=n_keep,
-            step_ms=pct(dur_k / 1e6),
-            gap_ms=pct(gaps / 1e6),
+            step_ms=pct_sorted(slide.sorted_step_ms(n)),
+            gap_ms=pct_sorted(slide.sorted_gap_ms(n)),
             step_ms_mean=float(dur_k.mean() / 1e6) if n_keep else None,
             stage_ms_mean=stage_mean,
             idle_fraction=fig.idle_fraction,
@@ -389,24 +387,6 @@ class StepWindows:
             out[cols] = 1
         return out
 
-    def _gaps(self, seconds: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The window's step ends, step ids, gaps before each next step (int ns) and
-        whether that gap is between consecutive steps (a drop is not a gap); kept for
-        the rest of the tick (``idle_gap_threshold_ms`` then ``idle_gaps``)."""
-        rows = self._window_rows(seconds)
-        key = (self.steps.n, rows)
-        if self._gap_memo is not None and self._gap_memo[0] == key:
-            return self._gap_memo[1]
-        col = self._window_cols(seconds, rows)
-        start, end, ids = col("start"), col("end"), col("step_id")
-        if end.size < 2:
-            z = np.zeros(0, dtype=np.int64)
-            out = (end, ids, z, z.astype(bool))
-        else:
-            out = (end, ids, start[1:] - end[:-1], np.diff(ids) == 1)
-        self._gap_memo = (key, out)
-        return out
-
     def idle_gaps(
         self,
         seconds: float = 30.0,
@@ -415,53 +395,52 @@ class StepWindows:
         stage_names: list[str] | None = None,
     ) -> list[IdleGap]:
         """Gaps between consecutive steps over the threshold, newest first, each with the
-        stage that grew most in the step before it (vs that stage's median in the window).
+        stage that grew most in the step before it, against that stage's median over the
+        window when the gap was first listed (kept for the gap from then on: a window's
+        stage medians at every tick were most of the tick's cost while a gap was listed).
 
         Default threshold: max(1 ms, 5 × the median gap).
         """
-        end, ids, g, consec = self._gaps(seconds)
+        col = self._window_cols(seconds)
+        start, end, ids = col("start"), col("end"), col("step_id")
         if end.size < 2:
             return []
         if threshold_ms is None:
             threshold_ms = self.idle_gap_threshold_ms(seconds)
-        idx = np.nonzero(consec & (g / 1e6 > threshold_ms))[0]
+        g = start[1:] - end[:-1]
+        idx = np.nonzero((np.diff(ids) == 1) & (g / 1e6 > threshold_ms))[0]
         if idx.size == 0:
             return []
         names = stage_names or []
-        shown = idx[::-1][:limit]
-        at_gap = np.zeros((shown.size, 0), dtype=np.int64)
-        med_st = np.zeros(0)
-        if names:
-            # each stage's median over the window (the listed steps' own rows taken first)
-            by_stage = self.steps.last_t("stages", end.size, min(len(names), MAX_STAGES))
-            at_gap = by_stage[:, shown].T
-            med_st = column_medians(by_stage, overwrite_input=True)
-        out: list[IdleGap] = []
-        for i, own in zip(shown.tolist(), at_gap, strict=True):
-            grown = None
-            grown_ms = None
-            if names:
-                delta = own - med_st
-                j = int(np.argmax(delta))
-                if delta[j] > 0:
-                    grown, grown_ms = names[j], float(delta[j] / 1e6)
-            out.append(
-                IdleGap(
-                    at_ns=int(end[i]),
-                    length_ms=float(g[i] / 1e6),
-                    after_step=int(ids[i]),
-                    grown_stage=grown,
-                    grown_ms=grown_ms,
-                )
-            )
-        return out
+        width = min(len(names), MAX_STAGES)
+        shown = idx[::-1][:limit].tolist()
+        keys = [(seconds, width, int(ids[i])) for i in shown]
+        memo = self._grown
+        new = [i for i, k in zip(shown, keys, strict=True) if k not in memo]
+        if new:
+            grown_of: list[tuple[str | None, float | None]] = [(None, None)] * len(new)
+            if width:
+                # each stage's median over the window (the new gaps' steps' rows taken first)
+                by_stage = self.steps.last_t("stages", end.size, width)
+                at_gap = by_stage[:, new].T
+                delta = at_gap - column_medians(by_stage, overwrite_input=True)
+                j = np.argmax(delta, axis=1)
+                grown_of = [(names[a], float(d[a] / 1e6)) if d[a] > 0 else (None, None)
+                            for a, d in zip(j.tolist(), delta, strict=True)]  # fmt: skip
+            memo.update((k, v) for k, v in zip([keys[shown.index(i)] for i in new], grown_of, strict=True))
+        first = int(ids[0])  # forget the gaps that left the window
+        self._grown = {k: v for k, v in memo.items() if k[0] != seconds or k[2] >= first}
+        return [
+            IdleGap(at_ns=int(end[i]), length_ms=float(g[i] / 1e6), after_step=int(ids[i]),
+                    grown_stage=memo[k][0], grown_ms=memo[k][1])
+            for i, k in zip(shown, keys, strict=True)
+        ]  # fmt: skip
 
     def idle_gap_threshold_ms(self, seconds: float = 30.0) -> float:
         """The default threshold ``idle_gaps`` uses over the window: max(1 ms, 5 x median gap)
         (so the screen can say which threshold it lists gaps over)."""
-        _, _, g, consec = self._gaps(seconds)
-        g = g[consec]
-        med = median(g) / 1e6 if g.size else 0.0
+        g = self._slide(seconds).sorted_gap_ns(self._window_rows(seconds))
+        med = sorted_median(g) / 1e6 if g.size else 0.0
         return max(1.0, 5 * med)
 
     def latest_kv(self) -> dict[str, Any]:

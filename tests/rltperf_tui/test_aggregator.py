@@ -371,8 +371,11 @@ def test_window_sums_slid_forward_equal_a_fresh_window():
     assert w.loop_ms_mean[0] == pytest.approx(sum(r.loop_ns[0] for r in inside) / len(inside) / MS)
 
 
-def _idle_gaps_by_hand(recs, w0_ns, threshold_ms, names, limit):
-    """The idle-gap list written out plainly with numpy (np.nanmedian, np.median)."""
+def _idle_gaps_by_hand(recs, w0_ns, threshold_ms, names, limit, first_seen=None):
+    """The idle-gap list written out plainly with numpy (np.nanmedian, np.median).
+    ``first_seen``: step id -> grown stage of the gaps listed at earlier calls (a gap's
+    grown stage is the one against the window's medians when it was first listed)."""
+    first_seen = {} if first_seen is None else first_seen
     win = [r for r in recs if r.end_ns > w0_ns]
     start, end, ids = (np.array([getattr(r, f) for r in win]) for f in ("start_ns", "end_ns", "step_id"))
     g = (start[1:] - end[:-1]).astype(np.float64)
@@ -383,9 +386,11 @@ def _idle_gaps_by_hand(recs, w0_ns, threshold_ms, names, limit):
     med = np.median(stages, axis=0)
     out = []
     for i in np.nonzero(g / 1e6 > threshold_ms)[0][::-1][:limit]:
-        delta = stages[i] - med
-        j = int(np.argmax(delta))
-        out.append((int(end[i]), float(g[i] / 1e6), int(ids[i]), names[j] if delta[j] > 0 else None))
+        if int(ids[i]) not in first_seen:
+            delta = stages[i] - med
+            j = int(np.argmax(delta))
+            first_seen[int(ids[i])] = names[j] if delta[j] > 0 else None
+        out.append((int(end[i]), float(g[i] / 1e6), int(ids[i]), first_seen[int(ids[i])]))
     return threshold_ms, out
 
 
@@ -404,6 +409,7 @@ def test_idle_gaps_and_threshold_match_numpy_by_hand_as_the_window_moves():
     a = TargetStats()
     a.add([_hello()])
     seen = 0
+    first_seen: dict[int, str | None] = {}
     for k in (700, 1500, 2999):
         a.add(recs[seen:k])
         seen = k
@@ -411,7 +417,7 @@ def test_idle_gaps_and_threshold_match_numpy_by_hand_as_the_window_moves():
             if moved_ms:
                 a.add([Stats(ts_ns=recs[k - 1].end_ns + moved_ms * MS, in_step_since_ns=0)])
             w0, _ = a.window_bounds(2.0)
-            thr, want = _idle_gaps_by_hand(recs[:k], w0, None, names, 8)
+            thr, want = _idle_gaps_by_hand(recs[:k], w0, None, names, 8, first_seen)
             assert a.idle_gap_threshold_ms(2.0) == thr
             got = a.idle_gaps(2.0, limit=8)
             assert want and [(x.at_ns, x.length_ms, x.after_step, x.grown_stage) for x in got] == want
