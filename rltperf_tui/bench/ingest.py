@@ -1,6 +1,7 @@
 """``rltperf bench ingest``: what the monitor costs.
 
-1. ``records_per_s``: records decoded from frames (``FrameReader``) and aggregated
+1. ``records_per_s`` (and ``tick_model``, ``rltperf_tui.bench.tick``: a render tick's
+   statistics on the same stream): records decoded from frames (``FrameReader``) and aggregated
    (``TargetStats.add``) per second on one core, over a synthetic stream shaped like a
    looped engine's (nine stages, four loop depths, KV per depth, speculation; one
    request record per eight steps, a device sample and probe stats per thousand),
@@ -114,7 +115,7 @@ def synthetic_stream(n: int, seed: int = 1) -> tuple[bytes, int]:
             )
         )  # fmt: skip
         steps += 1
-        t += dur + 20_000
+        t += dur + (5_000_000 if steps % 2000 == 0 else 20_000)  # an idle gap every ~2 s
         if steps % 8 == 0:
             recs.append(RequestRecord(req_id=str(steps), arrival_ns=t - 50_000_000, finish_ns=t,
                                       first_token_ns=t - 40_000_000, prompt_tokens=128, output_tokens=40))  # fmt: skip
@@ -372,6 +373,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         checkout(args.baseline_root)
     res: dict[str, Any] = {"decode_aggregate": decode_aggregate_rate(max(10_000, args.records))}
     res["records_per_s"] = res["decode_aggregate"]["records_per_s"]
+    from rltperf_tui.bench.tick import tick_model_cost
+
+    res["tick_model"] = tick_model_cost(max(10_000, args.records))
     ok = res["records_per_s"] >= RECORDS_GOAL
     if not args.skip_tui:
         tui = tui_cost(args.duration, args.rate, args.refresh)
@@ -417,6 +421,11 @@ def print_text(r: dict[str, Any]) -> None:
     print(
         f"  decode alone {d['decode_records_per_s']:,}/s, aggregate alone {d['aggregate_records_per_s']:,}/s"
     )
+    k = r.get("tick_model") or {}
+    if k.get("ticks"):
+        print(f"  a render tick's statistics ({k['ticks']} ticks, {k['ticks_with_idle_gaps']} listing idle gaps; "
+              f"bench.tick): window {k['window_ms']:.3f} ms + view {k['stats_view_ms']:.3f} ms of CPU, "
+              f"{k['model_ms_per_s_at_2hz']:.2f} ms a second at 2 Hz")  # fmt: skip
     t = r.get("tui")
     if t:
         print(f"monitor attached to the loop engine at {t['engine_rate_steps_per_s']:g} steps/s, "
