@@ -118,7 +118,7 @@ def test_window_percentiles_and_threshold_slid_equal_numpy_on_the_windows_rows()
             t += int(rng.integers(0, 900)) * MS
             st_.add([Stats(ts_ns=t, in_step_since_ns=0)])
             t += MS
-        for sec in (1.0, 2.5):
+        for sec in (1.0, 2.5, 30.0):  # 30 s: more than the ring holds (its oldest row moves)
             w = st_.window(sec)
             w0, _ = st_.window_bounds(sec)
             kept = recs[max(0, i - 2048) : i]
