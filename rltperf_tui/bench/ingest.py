@@ -375,7 +375,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     res["records_per_s"] = res["decode_aggregate"]["records_per_s"]
     from rltperf_tui.bench.tick import tick_model_cost
 
-    res["tick_model"] = tick_model_cost(max(10_000, args.records))
+    res["tick_model"] = tick_model_cost(synthetic_stream(max(10_000, args.records))[0])
     ok = res["records_per_s"] >= RECORDS_GOAL
     if not args.skip_tui:
         tui = tui_cost(args.duration, args.rate, args.refresh)

@@ -21,16 +21,15 @@ FULL_NS = 35_000_000_000
 """Data time fed before ticks are timed (the 30 s timeline and the 10 s window full)."""
 
 
-def tick_model_cost(n: int) -> dict[str, Any]:
+def tick_model_cost(data: bytes) -> dict[str, Any]:
     """CPU ms per render tick of ``window(10 s)`` and ``stats_view`` (medians over the
-    ticks after ``FULL_NS``), and how many ticks were timed."""
+    ticks after ``FULL_NS``) over the frames ``data`` (``synthetic_stream``'s), and how
+    many ticks were timed."""
     from engine_adapters.definitions.records import StepRecord
     from engine_adapters.definitions.wire import FrameReader
-    from rltperf_tui.bench.ingest import synthetic_stream
     from rltperf_tui.live.aggregator import TargetStats
     from rltperf_tui.live.view import stats_view
 
-    data, _ = synthetic_stream(n)
     recs = FrameReader().feed(data)
     batches: list[list[Any]] = []
     cur: list[Any] = []
