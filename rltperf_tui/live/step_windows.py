@@ -401,12 +401,14 @@ class StepWindows:
 
         Default threshold: max(1 ms, 5 × the median gap).
         """
-        col = self._window_cols(seconds)
-        start, end, ids = col("start"), col("end"), col("step_id")
-        if end.size < 2:
-            return []
+        rows = self._window_rows(seconds)
         if threshold_ms is None:
             threshold_ms = self.idle_gap_threshold_ms(seconds)
+        longest = self._slide(seconds).sorted_gap_ns(rows)  # the window's gaps, sorted
+        if not longest.size or longest[-1] / 1e6 <= threshold_ms:
+            return []  # none over the threshold (most ticks): the window's rows stay unread
+        col = self._window_cols(seconds, rows)
+        start, end, ids = col("start"), col("end"), col("step_id")
         g = start[1:] - end[:-1]
         idx = np.nonzero((np.diff(ids) == 1) & (g / 1e6 > threshold_ms))[0]
         if idx.size == 0:
