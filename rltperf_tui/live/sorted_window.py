@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine_adapters.definitions.figures import EXCLUDED_FLAGS
-from rltperf_tui.live.step_rings import Ring, WindowSums
+from rltperf_tui.live.step_rings import Ring, WindowSums, slides_forward
 
 
 class SortedWindow:
@@ -42,15 +42,7 @@ class SortedWindow:
         out; otherwise, or when the window jumped, it is sorted afresh).  The caller
         must not write to the array returned."""
         vals = self.vals
-        moved = (lo - self.lo) + (hi - self.hi)
-        if (
-            vals is None
-            or lo < self.lo
-            or hi < self.hi
-            or lo > self.hi
-            or self.lo - self.reach < oldest
-            or moved > max(hi - lo, 1)
-        ):
+        if vals is None or not slides_forward(self.lo, self.hi, lo, hi, oldest + self.reach):
             vals = None
         else:
             if lo > self.lo:

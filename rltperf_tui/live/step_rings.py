@@ -234,6 +234,15 @@ REQ_COLS: dict[str, tuple[Any, tuple[int, ...]]] = {
 }
 
 
+def slides_forward(lo0: int, hi0: int, lo: int, hi: int, oldest: int) -> bool:
+    """Whether a window kept over absolute rows ``lo0`` to ``hi0`` can be moved to ``lo``
+    to ``hi`` by adding the rows that came and taking out those that left: it moved
+    forward, still overlaps, by no more than its size, and the rows that left are still
+    in the ring (from ``oldest`` on).  Otherwise the window is computed afresh
+    (``WindowSums``, ``sorted_window.SortedWindow``)."""
+    return oldest <= lo0 <= lo <= hi0 <= hi and (lo - lo0) + (hi - hi0) <= hi - lo
+
+
 class WindowSums:
     """Column sums of the per-step matrices (stages, exits, loop time and tokens) over a
     window of rows, slid forward by adding the rows that entered and subtracting those
@@ -249,17 +258,8 @@ class WindowSums:
 
     def get(self, ring: Ring, lo: int, hi: int) -> dict[str, np.ndarray]:
         """Sums over absolute rows ``lo`` to ``hi`` (both still in ``ring``)."""
-        oldest = ring.n - len(ring)
         sums = self.sums
-        moved = (lo - self.lo) + (hi - self.hi)
-        if (
-            sums is None
-            or lo < self.lo
-            or hi < self.hi
-            or self.lo < oldest
-            or lo > self.hi
-            or moved > hi - lo
-        ):
+        if sums is None or not slides_forward(self.lo, self.hi, lo, hi, ring.n - len(ring)):
             sums = {c: ring.rows(c, lo, hi).sum(axis=0, dtype=np.int64) for c in self.COLS}
         else:
             for c in self.COLS:

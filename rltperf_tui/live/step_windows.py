@@ -410,26 +410,24 @@ class StepWindows:
         col = self._window_cols(seconds, rows)
         start, end, ids = col("start"), col("end"), col("step_id")
         g = start[1:] - end[:-1]
-        idx = np.nonzero((np.diff(ids) == 1) & (g / 1e6 > threshold_ms))[0]
-        if idx.size == 0:
-            return []
+        idx = np.nonzero((np.diff(ids) == 1) & (g / 1e6 > threshold_ms))[0]  # not empty (above)
         names = stage_names or []
         width = min(len(names), MAX_STAGES)
         shown = idx[::-1][:limit].tolist()
         keys = [(seconds, width, int(ids[i])) for i in shown]
         memo = self._grown
-        new = [i for i, k in zip(shown, keys, strict=True) if k not in memo]
+        new = [(i, k) for i, k in zip(shown, keys, strict=True) if k not in memo]
         if new:
             grown_of: list[tuple[str | None, float | None]] = [(None, None)] * len(new)
             if width:
                 # each stage's median over the window (the new gaps' steps' rows taken first)
                 by_stage = self.steps.last_t("stages", end.size, width)
-                at_gap = by_stage[:, new].T
+                at_gap = by_stage[:, [i for i, _ in new]].T
                 delta = at_gap - column_medians(by_stage, overwrite_input=True)
                 j = np.argmax(delta, axis=1)
                 grown_of = [(names[a], float(d[a] / 1e6)) if d[a] > 0 else (None, None)
                             for a, d in zip(j.tolist(), delta, strict=True)]  # fmt: skip
-            memo.update((k, v) for k, v in zip([keys[shown.index(i)] for i in new], grown_of, strict=True))
+            memo.update((k, v) for (_, k), v in zip(new, grown_of, strict=True))
         first = int(ids[0])  # forget the gaps that left the window
         self._grown = {k: v for k, v in memo.items() if k[0] != seconds or k[2] >= first}
         return [
