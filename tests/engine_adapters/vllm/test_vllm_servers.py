@@ -22,6 +22,7 @@ ROOT = HERE.parents[2]
 def _pytest(d: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     e = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]))
     e.pop("RLTPERF_REQUIRE_VLLM", None)
+    e.pop("RLTPERF_TEST_VLLM_CACHE", None)  # (this run's: the child makes a folder of its own)
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "vllm_servers", "-p", "no:cacheprovider", "-q",
                            "-rA", *args], cwd=d, env=e, capture_output=True, text=True, timeout=180)  # fmt: skip
@@ -84,7 +85,8 @@ fake_b = server_kind("fake_b", fake, "another FAKE kind")
 def pytest_runtest_call(item):
     with open(os.environ["TRACE"], "a") as f:
         f.write(json.dumps([item.name, os.environ.get("PYTEST_XDIST_WORKER"),
-                            os.environ.get("RLTPERF_RUNTIME_DIR")]) + "\\n")
+                            os.environ.get("RLTPERF_RUNTIME_DIR"),
+                            os.environ.get("RLTPERF_TEST_VLLM_CACHE")]) + "\\n")
 '''
 
 _TESTS = {
@@ -138,6 +140,9 @@ def test_kinds_run_grouped_once_each_and_stop_after_their_last_user(tmp_path: Pa
     assert last[0] == "b1" and last[2] == sorted(pids["b"]), last
     for pid in (*pids["a"], *pids["b"]):  # stopped, process group and all
         assert not Path(f"/proc/{pid}").exists()
+    caches = {json.loads(line)[3] for line in trace.read_text().splitlines()}
+    assert len(caches) == 1 and None not in caches, caches  # the session's server cache folder
+    assert not Path(caches.pop()).exists()  # removed at the end
 
 
 def test_in_a_parallel_run_one_worker_runs_every_kind_user_in_order(tmp_path: Path) -> None:
@@ -160,10 +165,15 @@ def test_in_a_parallel_run_one_worker_runs_every_kind_user_in_order(tmp_path: Pa
     assert [r[0] for r in kind_rows] == group, rows
     assert len({r[1] for r in kind_rows}) == 1 and kind_rows[0][1], rows  # one worker
     dirs: dict[str, set[str]] = {}
-    for _, worker, runtime in rows:
+    for _, worker, runtime, _cache in rows:
         dirs.setdefault(worker, set()).add(runtime)
     assert len(dirs) == 3 and all(len(d) == 1 for d in dirs.values()), dirs
     assert len(set().union(*dirs.values())) == 3, dirs  # a directory of its own per worker
+    # but one server cache folder for the whole run (vllm_fixtures.cache_env): made by the
+    # controller, shared by every worker, removed once they all ended
+    caches = {r[3] for r in rows}
+    assert len(caches) == 1 and None not in caches, caches
+    assert not Path(caches.pop()).exists()
     _, pids = _server_pids(trace)
     assert all(len(v) == 1 for v in pids.values()), pids  # one start per kind
     assert "shared vLLM servers started: fake_a x1, fake_b x1" in p.stdout, p.stdout
