@@ -224,10 +224,10 @@ def cache_env(tmp: Path) -> dict[str, str]:
     first request 31.0 s after its start instead of 51.9."""
     shared = os.environ.get(CACHE_ENV)
     base = Path(shared) if shared else tmp
-    if shared:
-        (base / "tmp").mkdir(parents=True, exist_ok=True)  # (a TMPDIR that is missing is ignored)
+    tmpdir = base / "tmp" if shared else tmp
+    tmpdir.mkdir(parents=True, exist_ok=True)  # (a TMPDIR that is missing is ignored)
     return {"VLLM_CACHE_ROOT": str(base / "vllm-cache"), "TORCHINDUCTOR_CACHE_DIR": str(base / "inductor"),
-            "TMPDIR": str(base / "tmp") if shared else str(tmp)}  # fmt: skip
+            "TMPDIR": str(tmpdir)}  # fmt: skip
 
 
 def launch(
