@@ -1,4 +1,4 @@
-"""``--inject-stall 20@10``: the monitor's idle fraction over a recording rises as predicted.
+"""``--inject-stall 50@25``: the monitor's idle fraction over a recording rises as predicted.
 
 One engine run, recorded through the real socket by ``rltperf record`` (another process,
 as a monitor would be), alternates blocks without and with the injected stall, so that
@@ -11,6 +11,17 @@ with ``idle_0`` the idle fraction of the neighbouring blocks without stalls, ``W
 block's span and ``stall_time`` the stalls the engine injected in it (its own clock).
 The aggregator's idle fraction of the stalled blocks, pooled, must match within
 ±1 percentage point.
+
+The prediction leaves out what a stall costs beyond its own time, and that is real: a
+stalled step's prepare stage took ~0.3 ms longer and its forward ~1 ms longer (tiny preset,
+2 cores; ``stage_ns`` of stalled against other steps); CI, contended, once missed by
+-1.76 and -1.30 pp with 20 ms every 10.  Few large stalls (50 ms every 25 steps) weigh
+those after-effects 2.5 times
+less than 20 ms every 10 at the same share: pooled misses of +0.2 to +0.35 pp here
+against +0.5 to +0.7 pp, and -0.1 to -0.3 pp against -0.9 to +0.9 pp beside two
+flat-out engines.  Each block's first step, which runs across the switch, is in
+neither the block's window nor its stall count (counting its stall while leaving it out
+of the window had made the prediction too high).
 """
 
 from __future__ import annotations
@@ -33,10 +44,10 @@ BLOCKS = 25  # 12 stalled blocks between 13 without
 
 def _measure(tmp: Path, attempt: int) -> tuple[float, float, list[str]]:
     eng = Engine(
-        EngineConfig(preset="tiny", workload="closed:1,in=32,out=4000", inject_stall="20@10", kv_blocks=400)
+        EngineConfig(preset="tiny", workload="closed:1,in=32,out=4000", inject_stall="50@25", kv_blocks=400)
     )
     assert eng.engine_info()["contract"]["inject_stall"].startswith(
-        "20 ms host stall in the schedule stage every 10"
+        "50 ms host stall in the schedule stage every 25"
     )
     probe = Probe("127.0.0.1:0", eng.engine_info(), warm_profiler=False, sample_devices=False)
     eng.attach(probe)
@@ -56,6 +67,7 @@ def _measure(tmp: Path, attempt: int) -> tuple[float, float, list[str]]:
         for i in range(BLOCKS):
             on = i % 2 == 1
             eng.stall = stall if on else None
+            eng.step()  # the step across the switch: in neither the window nor the stall count
             s0, st0 = probe.steps_total, eng.stall_total_ns
             eng.run(duration=BLOCK_S)
             blocks.append((on, s0, probe.steps_total, eng.stall_total_ns - st0))
@@ -70,15 +82,15 @@ def _measure(tmp: Path, attempt: int) -> tuple[float, float, list[str]]:
     res = []
     for on, a, b, stall_ns in blocks:
         ts = TargetStats(grow=True)
-        missing = [i for i in range(a + 1, b) if i not in steps]
+        missing = [i for i in range(a, b) if i not in steps]
         assert not missing, (missing[:5], len(missing), max(steps), rec.returncode)
-        ts.add([steps[i] for i in range(a + 1, b)])  # a block's first step may straddle the switch
+        ts.add([steps[i] for i in range(a, b)])
         w = ts.window(None)
         assert w.idle_fraction is not None
         res.append((on, w.idle_fraction, w.span_s, stall_ns / 1e9))
     # stalled steps really carry the stall in their schedule stage
     sched = [s.stage_ns[0] for s in steps.values() if s.stage_ns]
-    assert max(sched) >= 20e6
+    assert max(sched) >= 50e6
     obs = pred = span = 0.0
     lines = []
     for k in range(1, len(res) - 1):
