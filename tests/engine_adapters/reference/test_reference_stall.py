@@ -13,15 +13,14 @@ The aggregator's idle fraction of the stalled blocks, pooled, must match within
 ±1 percentage point.
 
 The prediction leaves out what a stall costs beyond its own time, and that is real: a
-stalled step's prepare stage took ~0.3 ms longer and its forward ~1 ms longer (tiny preset,
-2 cores; ``stage_ns`` of stalled against other steps); CI, contended, once missed by
--1.76 and -1.30 pp with 20 ms every 10.  Few large stalls (50 ms every 25 steps) weigh
-those after-effects 2.5 times
-less than 20 ms every 10 at the same share: pooled misses of +0.2 to +0.35 pp here
-against +0.5 to +0.7 pp, and -0.1 to -0.3 pp against -0.9 to +0.9 pp beside two
-flat-out engines.  Each block's first step, which runs across the switch, is in
-neither the block's window nor its stall count (counting its stall while leaving it out
-of the window had made the prediction too high).
+stalled step's prepare stage took ~0.3 ms longer and its forward ~1 ms longer (tiny
+preset, 2 cores; ``stage_ns`` of stalled against other steps); CI, contended, once
+missed by -1.76 and -1.30 pp with 20 ms every 10. Few large stalls (50 ms every 25
+steps) weigh those after-effects 2.5 times less than 20 ms every 10 at the same share:
+pooled misses of +0.2 to +0.35 pp here against +0.5 to +0.7 pp, and -0.1 to -0.3 pp
+against -0.9 to +0.9 pp beside two flat-out engines. Each block's first step, which runs
+across the switch, is in neither the block's window nor its stall count (counting its
+stall while leaving it out of the window had made the prediction too high).
 """
 
 from __future__ import annotations
