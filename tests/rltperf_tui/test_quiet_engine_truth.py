@@ -31,7 +31,7 @@ def test_recording_and_gauges_of_an_engine_that_goes_quiet(tmp_path):
     rec = tmp_path / "quiet.rltrec"
     eng = start_engine(
         [str(LOOP_ENGINE), "--duration", "14", "--steps", "150", "--start-delay", "1.5", "--rows", "16",
-         "--out", str(truth), "--prometheus-port", "0", "--snapshots", str(tmp_path)]
+         "--out", str(truth), "--prometheus-port", "0", "--snapshots", str(tmp_path), "--no-warm"]
     )  # fmt: skip
     try:
         prom = None

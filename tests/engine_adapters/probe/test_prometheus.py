@@ -69,6 +69,7 @@ def test_prometheus_endpoint_parses_and_agrees_with_summary(tmp_path: Path) -> N
             "8",
             "--loops",
             "4",
+            "--no-warm",  # never captured
         ],
         env=env,
     )
@@ -261,7 +262,7 @@ def test_engine_metrics_bind_loopback_unless_told_otherwise(tmp_path: Path) -> N
     def metrics_line(extra: list[str]) -> str:
         eng = start_engine(
             ["-m", "rltperf_tui.cli", "engine", "--listen", "0.0.0.0:0", "--token", "s3cret",
-             "--duration", "30", "--snapshots", str(tmp_path), *extra]
+             "--duration", "30", "--snapshots", str(tmp_path), "--no-warm-profiler", *extra]
         )  # fmt: skip
         try:
             assert eng.proc.stdout is not None

@@ -67,11 +67,17 @@ class Proc:
         raise AssertionError(f"no such line within {timeout} s; got {self.lines}")
 
 
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
 @pytest.fixture(scope="module")
 def engine_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, str, Path]]:
     snaps = tmp_path_factory.mktemp("snapshots")
     proc = Proc(["--listen", "127.0.0.1:0", "--workload", "closed:4,in=32,out=16", "--inject-stall", "20@10",
-                 "--duration", "90", "--snapshots", str(snaps), "--status-every", "1"])  # fmt: skip
+                 "--duration", "90", "--snapshots", str(snaps), "--status-every", "1",
+                 "--no-warm-profiler"])  # fmt: skip
     try:
         first = proc.wait_line(lambda s: True, 60)
         m = ADDR.search(first)
@@ -119,6 +125,8 @@ def test_engine_streams_ground_truth_and_contract(engine_proc: tuple[Proc, str, 
     assert reqs and all(r.status == "ok" and r.output_tokens == 16 and r.prompt_tokens == 32 for r in reqs)
     assert all(r.arrival_ns <= (r.first_token_ns or 0) <= r.finish_ns for r in reqs)
     # a bounded capture: the bundle's contract carries the workload and its token hash
+    proc.wait_line(lambda line: line.startswith("profiler not warmed (--no-warm-profiler)"), 10)
+    rss0 = _rss_mb(proc.p.pid)
     cid = s.request_capture(3, "ops", label="cli-test")
     done = None
     t_end = time.monotonic() + 60
@@ -128,6 +136,9 @@ def test_engine_streams_ground_truth_and_contract(engine_proc: tuple[Proc, str, 
                 done = r
     s.close()
     assert isinstance(done, CaptureDone), done
+    # --no-warm-profiler: the profiler's start-up (torch._inductor, ~70 MB) came with this
+    # first capture, not at the engine's start (warmed, the capture grew RSS by a few MB)
+    assert _rss_mb(proc.p.pid) - rss0 >= 40, (rss0, _rss_mb(proc.p.pid))
     meta = json.loads((Path(done.bundle) / "meta.json").read_text())
     assert meta["contract"]["workload_tokens_sha256"] == contract["workload_tokens_sha256"]
     assert Path(done.bundle).parent == snaps
