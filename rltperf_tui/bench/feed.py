@@ -75,8 +75,9 @@ class Feed:
                 pass
         return self.rss
 
-    def capture(self, mode: str, steps: int) -> tuple[Any, int]:
-        """One capture; (its reply, or None after 300 s; client send time)."""
+    def capture(self, mode: str, steps: int, after_s: float = 1.0) -> tuple[Any, int]:
+        """One capture; (its reply, or None after 300 s; client send time).  Then
+        ``after_s`` more of the stream: the steps that overlap the export's end."""
         from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Refused
 
         t_send = time.perf_counter_ns()
@@ -87,5 +88,5 @@ class Feed:
                 isinstance(r, (CaptureDone, CaptureFailed, Refused)) and getattr(r, "capture_id", None) == cid
             ),
         )
-        self.read(1.0)  # the steps that overlap the export's end arrive a little later
+        self.read(after_s)  # the steps that overlap the export's end arrive a little later
         return result, t_send
