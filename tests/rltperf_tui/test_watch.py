@@ -15,11 +15,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def stalled_engine(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    # closed:4 keeps a core busy from its first user to the module's end: its users come
-    # last (the long watch, with an engine of its own, ran 34 s beside it before)
+    # paced (~110 steps/s: a 300 ms stall every ~4 s; ~half a core where closed:4 took
+    # a whole one), from its first user to the module's end: its users come last (the
+    # long watch, with an engine of its own, ran 34 s beside it before)
     snaps = tmp_path_factory.mktemp("snapshots")
     eng = start_engine(
-        ["-m", "rltperf_tui.cli", "engine", "--workload", "closed:4", "--inject-stall", "300@400",
+        ["-m", "rltperf_tui.cli", "engine", "--workload", "poisson:10,in=32,out=16", "--inject-stall", "300@400",
          "--duration", "300", "--listen", "127.0.0.1:0", "--snapshots", str(snaps)],
         timeout=120,
     )  # fmt: skip
