@@ -79,7 +79,7 @@ def test_a_long_watch_reports_its_whole_run_not_its_last_file(tmp_path: Path, mo
     from tests.conftest import ROOT
 
     eng = start_engine(
-        ["-m", "rltperf_tui.cli", "engine", "--workload", "closed:4", "--duration", "18",
+        ["-m", "rltperf_tui.cli", "engine", "--workload", "poisson:10,in=32,out=16", "--duration", "18",
          "--listen", "127.0.0.1:0", "--snapshots", str(tmp_path / "snaps")],
         timeout=120,
     )  # fmt: skip
