@@ -12,9 +12,10 @@ block's span and ``stall_time`` the stalls the engine injected in it (its own cl
 The aggregator's idle fraction of the stalled blocks, pooled, must match within
 ±1 percentage point, plus the share of those blocks and their neighbours that the
 engine's thread spent waiting for a core (``run_queue_s``: other tenants' load, which
-lands in a busy or an idle stretch and moves a block's fraction by that much at most;
-~0.05 pp on a quiet machine, 0.7-10 pp beside a ``-n 2`` run of the other tests, where
-the misses stayed within ±0.4 pp).
+lands in a busy or an idle stretch and moves a block's fraction by that much at most),
+up to 1 point more.  That share was ~0.05 pp on a quiet machine, 0.7-10 pp beside a
+``-n 2`` run of the other tests (misses within ±0.4 pp) and 59 pp inside a whole
+``.ci/run`` (a miss of +0.79 pp): uncapped, it would excuse anything there.
 
 The prediction leaves out what a stall costs beyond its own time, and that is real: a
 stalled step's prepare stage took ~0.3 ms longer and its forward ~1 ms longer (tiny
@@ -128,8 +129,8 @@ def test_inject_stall_raises_idle_fraction_as_predicted(tmp_path: Path) -> None:
             f" queued for a core {100 * queued:.2f} pp"
         )
         print("\n".join(lines))
-        if abs(obs - pred) <= 0.01 + queued:
+        if abs(obs - pred) <= 0.01 + min(queued, 0.01):
             break
     assert pred > 0.05  # the stalls are a visible share of the time
-    # 1 pp, plus no more than what other tenants took from the engine's thread
-    assert abs(obs - pred) <= 0.01 + queued, (obs, pred, queued)
+    # 1 pp, plus what other tenants took from the engine's thread, up to 1 pp more
+    assert abs(obs - pred) <= 0.01 + min(queued, 0.01), (obs, pred, queued)
