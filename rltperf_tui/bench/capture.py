@@ -22,8 +22,8 @@ For each mode (ops, full), repeated captures of N steps on a running engine meas
 Each gap and step is held against the limit 3 × unprofiled p50 + 20 ms.
 
 **Memory** (``--rss-captures K``, default 12): K sequential captures (``--rss-mode``),
-back to back, the engine's resident memory after each once its export is over; the growth over the
-captures after the first ``--rss-warmup`` (default 2: the first captures grow the
+back to back, the engine's resident memory after each once its export is over; the
+growth over the captures after the first ``--rss-warmup`` (default 2: the first captures grow the
 allocator's arenas to their working size) is what a flight recorder capturing for
 hours would pay per capture.  Before them the run waits for the engine's RSS to settle
 (``capture_rss``); after them, as long again without captures, and the growth net of that
