@@ -30,6 +30,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOP_ENGINE = ROOT / "engine_adapters" / "reference" / "loop.py"
+
+PACED_WORKLOAD = "poisson:10,in=32,out=16"
+"""A reference-engine workload for tests that need steps flowing but not a busy engine:
+~110 steps/s of the tiny preset, about half a core where ``closed:4`` took a whole one
+(``test_documented_commands``: 80 -> 57 CPU s with it)."""
+
 VLLM_TESTS = ROOT / "tests" / "engine_adapters" / "vllm"
 
 # the vLLM helpers are imported by their plain names (vllm_fixtures, tiny_model, tiny_ouro)

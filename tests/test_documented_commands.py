@@ -50,7 +50,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, free_ports, start_engine
+from tests.conftest import PACED_WORKLOAD, ROOT, free_ports, start_engine
 from tests.rltperf_tui.tui._uihelpers import drain_pty
 
 README = ROOT / "README.md"
@@ -319,7 +319,7 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixtures]:
             "--listen",
             f"127.0.0.1:{free_ports()}",  # the --auto ranges around it hold no port-0 listener
             "--workload",
-            "poisson:10,in=32,out=16",  # paced: the test took 57 CPU s, 80 with a flat-out closed:4
+            PACED_WORKLOAD,
             "--duration",
             "600",
             "--snapshots",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EngineProc, run_rltperf, start_engine
+from tests.conftest import PACED_WORKLOAD, EngineProc, run_rltperf, start_engine
 
 MAX_UJ = 150_000_000
 """The fake counter's range: 150 J, so at 40-80 W it wraps every 2-4 s (the sampler reads
@@ -59,7 +59,7 @@ class FakeRapl:
 def rapl_engine(tmp_path: Path) -> Iterator[tuple[EngineProc, FakeRapl]]:
     rapl = FakeRapl(tmp_path / "powercap", 40.0)
     eng = start_engine(
-        ["-m", "rltperf_tui.cli", "engine", "--listen", "127.0.0.1:0", "--workload", "poisson:10,in=32,out=16",
+        ["-m", "rltperf_tui.cli", "engine", "--listen", "127.0.0.1:0", "--workload", PACED_WORKLOAD,
          "--duration", "300", "--snapshots", str(tmp_path / "snaps")],
         cwd=tmp_path, timeout=180, env={"RLTPERF_POWERCAP": str(tmp_path / "powercap")},
     )  # fmt: skip
@@ -130,7 +130,7 @@ def test_no_counter_report_says_why(tmp_path: Path) -> None:
     gives no energy figure and says why, with the probe's reason."""
     (tmp_path / "powercap").mkdir()
     eng = start_engine(
-        ["-m", "rltperf_tui.cli", "engine", "--listen", "127.0.0.1:0", "--workload", "poisson:10,in=32,out=16",
+        ["-m", "rltperf_tui.cli", "engine", "--listen", "127.0.0.1:0", "--workload", PACED_WORKLOAD,
          "--duration", "120", "--snapshots", str(tmp_path / "snaps")],
         cwd=tmp_path, timeout=180, env={"RLTPERF_POWERCAP": str(tmp_path / "powercap")},
     )  # fmt: skip

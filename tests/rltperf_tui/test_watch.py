@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_rltperf, start_engine
+from tests.conftest import PACED_WORKLOAD, run_rltperf, start_engine
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ def stalled_engine(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no
     # long watch, with an engine of its own, ran 34 s beside it before)
     snaps = tmp_path_factory.mktemp("snapshots")
     eng = start_engine(
-        ["-m", "rltperf_tui.cli", "engine", "--workload", "poisson:10,in=32,out=16", "--inject-stall", "300@400",
+        ["-m", "rltperf_tui.cli", "engine", "--workload", PACED_WORKLOAD, "--inject-stall", "300@400",
          "--duration", "300", "--listen", "127.0.0.1:0", "--snapshots", str(snaps)],
         timeout=120,
     )  # fmt: skip
@@ -79,7 +79,7 @@ def test_a_long_watch_reports_its_whole_run_not_its_last_file(tmp_path: Path, mo
     from tests.conftest import ROOT
 
     eng = start_engine(
-        ["-m", "rltperf_tui.cli", "engine", "--workload", "poisson:10,in=32,out=16", "--duration", "18",
+        ["-m", "rltperf_tui.cli", "engine", "--workload", PACED_WORKLOAD, "--duration", "18",
          "--listen", "127.0.0.1:0", "--snapshots", str(tmp_path / "snaps")],
         timeout=120,
     )  # fmt: skip

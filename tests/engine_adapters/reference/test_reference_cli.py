@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from engine_adapters.definitions.contract import CONTRACT_FIELDS, build_contract, is_unknown
@@ -68,8 +69,7 @@ class Proc:
 
 
 def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    return psutil.Process(pid).memory_info().rss / 2**20
 
 
 @pytest.fixture(scope="module")
