@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -114,7 +113,7 @@ def test_adapter_rates_and_ttft_agree_with_the_client(vllm_server: Server, tmp_p
     for q in (50, 95):
         est = w.latency_ms["ttft"][f"p{q}"]
         assert est is not None and est > 0
-        same_rank = client[min(len(client), math.floor(q / 100 * len(client)) + 1) - 1]
+        same_rank = client[min(len(client) - 1, q * len(client) // 100)]
         upper = b[min(_bucket(b, same_rank / 1e3), len(b) - 1)] * 1e3
         assert est <= upper, (q, est, same_rank, upper)
     ttft_mean, e2e_mean = w.latency_mean_ms["ttft"], w.latency_mean_ms["e2e"]

@@ -46,7 +46,7 @@ caches for the session (``RLTPERF_TEST_VLLM_CACHE``, removed at its end;
 and the kernels torch compiled for the tiny Ouro (a second Ouro start answered
 ``/health`` 13 s sooner and finished its first request 21 s sooner, by hand).
 
-Parallel runs (``pytest -n N --dist loadgroup``; the README's command stays serial).
+Parallel runs (``pytest -n N --dist loadgroup``; the README's command runs ``-n 3``).
 Every test that uses a kind, and every other test marked ``vllm`` (those start a server
 of their own: the TP 2 and DP 2 modules, the plugin checks), is also marked
 ``xdist_group("vllm-servers")``, so pytest-xdist sends all of them, in the order above,
