@@ -114,6 +114,11 @@ class EngineInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The engine's workers this stream reports, in rank order (``tp0``, ``tp1``;
     ``pp1-tp0`` with pipeline stages; ``engine_adapters.definitions.ranks``): the
     index of every per-rank field of ``StepRecord``."""
+    probes: list[str] | None = None
+    """Where this engine's steps stream from, as ``rltperf attach`` takes them
+    (``tcp://HOST:PORT``): the rltperf probes a vLLM server's plugin announced (one per
+    data-parallel engine the target covers).  None: not known (not announced, or the
+    plugin runs without ``RLTPERF_PROBE``)."""
 
 
 class Ceiling(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -248,7 +248,7 @@ class VllmSession(CaptureSide, Session):
         if self.engine is None and len(anns) > 1:  # the sum over engines: no one engine's identity
             info = msgspec.structs.replace(info, contract={
                 **info.contract, "engines": f"{len(anns)} data-parallel engines, summed (?engine=N: one of them)"})  # fmt: skip
-            return merge(info, ann, identity=False)
+            return merge(info, ann, identity=False, others=anns[1:])
         return merge(info, ann)
 
     def _refresh_announcement(self) -> None:

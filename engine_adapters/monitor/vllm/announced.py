@@ -203,12 +203,17 @@ def find_all(host: str, port: int) -> tuple[list[Announcement], str]:
     return [], why + f": {ENABLE_HINT}"
 
 
-def merge(info: EngineInfo, ann: Announcement, identity: bool = True) -> EngineInfo:
+def merge(
+    info: EngineInfo, ann: Announcement, identity: bool = True, others: list[Announcement] | None = None
+) -> EngineInfo:
     """``info`` (from HTTP) with what the engine announced filled in: its dtype, device,
     quantization, limits and pid, and every contract field HTTP left unknown; with
-    ``identity``, also its place in the server (DP rank, TP/PP size, workers)."""
+    ``identity``, also its place in the server (DP rank, TP/PP size, workers).  Its probe
+    and those of ``others`` (the other engines a summed target covers) become ``probes``."""
     e = ann.engine
     fields: dict[str, Any] = {}
+    probes = [f"tcp://{a.probe}" for a in [ann, *(others or [])] if a.probe]
+    fields["probes"] = probes or None
     for k in ("dtype", "quantization", "device", "max_requests", "token_budget", "spec_config",
               "kv_block_tokens", "kv_capacity_blocks", "max_loops", "loop_config", "kv_policy", "random_weights"):  # fmt: skip
         if getattr(info, k) is None and e.get(k) is not None:

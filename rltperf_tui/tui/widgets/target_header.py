@@ -113,20 +113,33 @@ class TargetHeader(Panel):
 
 PLUGIN_HINT = "per-step figures: install rltperf in the server (plugin)"
 """What a vLLM server seen only over HTTP lacks, and where it comes from."""
-PROBE_HINT = "per-step figures: its plugin's probe (rltperf attach --auto)"
-"""The same server when the plugin announced itself: its probe is one command away."""
-SHORT_HINTS = {PLUGIN_HINT: "per-step figures: rltperf plugin", PROBE_HINT: "per-step: rltperf attach --auto"}
+NO_PROBE_HINT = "per-step figures: serve with RLTPERF_PROBE=HOST:PORT (rltperf plugin)"
+"""The plugin announced the server but runs no probe (no ``RLTPERF_PROBE``)."""
+SHORT_HINTS = {
+    PLUGIN_HINT: "per-step figures: rltperf plugin",
+    NO_PROBE_HINT: "per-step: RLTPERF_PROBE=HOST:PORT",
+}
 """The hints in a narrow column (two replicas side by side), where the long ones are cut."""
+
+
+def server_hint(info: EngineInfo) -> tuple[str, str]:
+    """Where a server seen over HTTP has its per-step figures, long and short: the exact
+    command when the plugin announced its probes, else what to start the server with."""
+    if info.probes:  # announced, with RLTPERF_PROBE: one command away
+        cmd = "rltperf attach " + " ".join(info.probes)
+        return "per-step figures: " + cmd, "per-step: " + cmd
+    hint = NO_PROBE_HINT if info.pid is not None else PLUGIN_HINT  # an announced engine has a pid
+    return hint, SHORT_HINTS[hint]
 
 
 def _server_config(ln: Lines, info: EngineInfo, width: int) -> None:
     """What a server seen over HTTP is (its /metrics, what its config said) and where its
     per-step figures come from, the hint whole even in a narrow column; nothing it can
     never say (loops, exit, spec as n/a)."""
-    hint = PROBE_HINT if info.pid is not None else PLUGIN_HINT  # an announced engine has a pid
+    hint, short = server_hint(info)
     what = "seen through its /metrics over HTTP"
     if len(what) + 3 + len(hint) > width:
-        what, hint = "/metrics only", SHORT_HINTS[hint]
+        what, hint = "/metrics only", short
     ln.add(what, "$text-muted").add(" · ", "$text-muted").add(hint, "$warning")
     used = len(what) + 3 + len(hint)
     extra = []

@@ -22,7 +22,7 @@ import pytest
 
 from engine_adapters.definitions import announcement as where
 from engine_adapters.definitions.contract import is_unknown
-from engine_adapters.monitor.vllm.announced import find, merge
+from engine_adapters.monitor.vllm.announced import Announcement, find, merge
 from engine_adapters.monitor.vllm.info import build_info
 from engine_adapters.probe.vllm import announce
 
@@ -206,6 +206,21 @@ def test_merge_fills_what_http_cannot_tell(server: FakeServer, runtime: Path) ->
     assert info.contract["framework"] == "vLLM 0.32.0"  # known over HTTP: kept
     assert info.contract["profiler_config"]["torch_profiler_dir"] == "/srv/prof"
     assert info.max_loops == 4 and info.contract["loop_config"].startswith("looped: 4 passes")
+
+
+def test_merge_names_the_probes_the_engines_announced(server: FakeServer, runtime: Path) -> None:
+    """``probes``: the exact targets of the plugin's probes (``RLTPERF_PROBE``), one per
+    engine the target covers; none when the plugin runs without a probe."""
+    http = build_info("http://127.0.0.1:1", "0.32.0", [{"id": "tiny", "root": "/m"}], None, None, None, True)
+    announce.announce(_doc(server))
+    ann, _ = find("127.0.0.1", server.port)
+    assert ann is not None and ann.probe is None
+    assert merge(http, ann).probes is None
+    dp0 = Announcement(ann.path, dict(ann.data, probe="127.0.0.1:7788"))
+    dp1 = Announcement(ann.path, dict(ann.data, probe="127.0.0.1:7789", dp_rank=1))
+    assert merge(http, dp0).probes == ["tcp://127.0.0.1:7788"]
+    summed = merge(http, dp0, identity=False, others=[dp1])
+    assert summed.probes == ["tcp://127.0.0.1:7788", "tcp://127.0.0.1:7789"]
 
 
 def test_written_before_the_port_listens_is_still_found(server: FakeServer, runtime: Path) -> None:

@@ -156,7 +156,7 @@ def test_rltperf_capture_without_profiler_dir(server: Server, tmp_path: Path) ->
 
 
 @sync
-async def test_c_in_the_monitor_captures_and_the_header_names_dtype_and_device(
+async def test_c_in_the_monitor_captures_and_the_header_names_dtype_device_and_probe(
     server: Server, tmp_path: Path
 ) -> None:
     from rltperf_tui.tui.app import MonitorApp, TargetSpec
@@ -181,6 +181,8 @@ async def test_c_in_the_monitor_captures_and_the_header_names_dtype_and_device(
             assert "float32" in head and "cpu" in head, head
             assert "dtype ?" not in head and "device ?" not in head, head
             assert "RANDOM WEIGHTS" in head, head  # announced: the model dir's RANDOM_WEIGHTS file
+            # the plugin's probe, as the command that shows its per-step figures
+            assert f"rltperf attach tcp://{server.probe}" in head, head
             await pilot.press("c")
             await wait_for(
                 pilot,

@@ -10,15 +10,22 @@ from pathlib import Path
 import pytest
 
 from engine_adapters.definitions.cost import Prices
-from engine_adapters.definitions.records import MetricsSample
+from engine_adapters.definitions.records import EngineInfo, MetricsSample
 from engine_adapters.monitor.recording import RecordingReader
 from engine_adapters.monitor.replay import ReplayAdapter
 from rltperf_tui.tui.app import MonitorApp, TargetSpec
+from rltperf_tui.tui.widgets._fmt import Lines
 from rltperf_tui.tui.widgets.replicas import ReplicaPanel
 from rltperf_tui.tui.widgets.server_metrics import ServerMetricsPanel
 from rltperf_tui.tui.widgets.server_totals import ServerTotalsPanel
 from rltperf_tui.tui.widgets.server_trends import ServerTrendsPanel
-from rltperf_tui.tui.widgets.target_header import PLUGIN_HINT, TargetHeader
+from rltperf_tui.tui.widgets.target_header import (
+    NO_PROBE_HINT,
+    PLUGIN_HINT,
+    TargetHeader,
+    _server_config,
+    server_hint,
+)
 from tests.rltperf_tui.tui._uihelpers import panel_text, replay_finished, sync
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -123,3 +130,18 @@ async def test_header_of_a_server_seen_over_http_shows_no_figure_it_can_never_ha
     assert PLUGIN_HINT in head and "/metrics" in head, head
     tok_s = metrics.split("tokens/s ", 1)[1].split()[0]
     assert float(tok_s) > 0 and f"{tok_s} tok/s" in head, (head, metrics)
+
+
+def test_the_hint_names_the_announced_probes_or_what_the_server_needs() -> None:
+    """Where per-step figures come from, as something to type: the exact ``rltperf attach``
+    of the probes the plugin announced (whole, even in a narrow column); the plugin
+    without a probe: the variable to start the server with; no plugin: install it."""
+    assert server_hint(EngineInfo(name="vllm"))[0] == PLUGIN_HINT
+    assert server_hint(EngineInfo(name="vllm", pid=123))[0] == NO_PROBE_HINT
+    probes = ["tcp://127.0.0.1:7788", "tcp://127.0.0.1:7789"]
+    cmd = "rltperf attach tcp://127.0.0.1:7788 tcp://127.0.0.1:7789"
+    for width in (70, 160):
+        ln = Lines()
+        _server_config(ln, EngineInfo(name="vllm", pid=123, probes=probes), width)
+        line = "".join(t for t, _ in ln.rows()[0])
+        assert cmd in line and len(line) <= max(width, len("per-step: " + cmd) + 16), (width, line)
