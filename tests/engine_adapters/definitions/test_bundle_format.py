@@ -92,8 +92,9 @@ def test_the_vllm_writer_builds_the_same_keys_as_before(tmp_path):
     new = json.loads((Path(seal_bundle(str(tmp), str(tmp_path / "b"), meta)) / "meta.json").read_text())
     old = json.loads(OLD["vllm"].read_text())
     assert _keys(new) == _keys(old)
-    # EngineInfo fields appended since the fixture (identity of a rank, issue 19): last, unset here
-    appended = ["dp_rank", "tp_size", "pp_size", "ranks"]
+    # EngineInfo fields appended since the fixture (identity of a rank, issue 19; the probes a
+    # vLLM plugin announced): last, unset here
+    appended = ["dp_rank", "tp_size", "pp_size", "ranks", "probes"]
     assert list(new["engine"])[-len(appended) :] == appended
     assert [new["engine"].pop(k) for k in appended] == [None] * len(appended)
     for d in (new, old):
