@@ -13,6 +13,23 @@ from dataclasses import dataclass
 EXIT_NOTHING_FOUND = 2
 """Exit status of ``--auto`` when no range held a target."""
 
+DEFAULT_RANGES = ("127.0.0.1:7788-7799", "127.0.0.1:8000-8099")
+"""What a bare ``--auto`` scans: the probe's default port (``rltperf engine``,
+``RLTPERF_PROBE`` in the README) and those of its data-parallel engines after it, and
+vLLM's default port 8000 with the next ones (several servers on one host)."""
+
+DEFAULT_HELP = "no range: " + " and ".join(DEFAULT_RANGES) + ", the probes' and vLLM's usual ports"
+
+
+def expand(ranges: list[str]) -> list[str]:
+    """The ranges to scan: a bare ``--auto`` (given as "") stands for ``DEFAULT_RANGES``."""
+    out: list[str] = []
+    for r in ranges:
+        for x in DEFAULT_RANGES if r == "" else (r,):
+            if x not in out:
+                out.append(x)
+    return out
+
 
 @dataclass
 class AutoTarget:
@@ -24,11 +41,11 @@ class AutoTarget:
 
 def add_auto_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("discovery")
-    g.add_argument("--auto", action="append", default=[], metavar="[HOST:]PORT-PORT",
+    g.add_argument("--auto", action="append", default=[], nargs="?", const="", metavar="[HOST:]PORT-PORT",
                    help="find vLLM servers (vllm:* metrics on /metrics) and rltperf probes (their hello; "
                         "token from --token / $RLTPERF_TOKEN) on these ports (HOST default 127.0.0.1, "
-                        "at most 1024 ports a range; repeatable) and attach to every one found; "
-                        "none found: exit 2")  # fmt: skip
+                        f"at most 1024 ports a range; repeatable; {DEFAULT_HELP}) and attach to every one "
+                        "found; none found: exit 2")  # fmt: skip
     g.add_argument("--list", action="store_true",
                    help="with --auto: print what was found (TARGET  WHAT, one a line) and exit")  # fmt: skip
 
@@ -87,7 +104,7 @@ def resolve_targets(args: argparse.Namespace, prog: str) -> list[tuple[str, str]
             print(f"rltperf {prog}: error: name a TARGET or --auto [HOST:]PORT-PORT", file=sys.stderr)
             return 2
         return per_engine(given, prog)
-    found = discover(list(args.auto), getattr(args, "token", None), prog, quiet=args.list)
+    found = discover(expand(list(args.auto)), getattr(args, "token", None), prog, quiet=args.list)
     if isinstance(found, int):
         return found
     if args.list:

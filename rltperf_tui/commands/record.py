@@ -7,6 +7,7 @@ import sys
 import time
 
 from engine_adapters.monitor.recording import RecordingError, RecordingWriter
+from rltperf_tui.commands.auto_targets import DEFAULT_HELP
 from rltperf_tui.commands.common import Progress, add_target_options, open_session, target_options
 from rltperf_tui.live.driver import LiveTarget, TargetSpec, new_stats
 
@@ -27,9 +28,9 @@ away (what was recorded is kept; the last object says why)."""
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", nargs="?", help="tcp://HOST:PORT, vllm+http://HOST:PORT")
-    p.add_argument("--auto", default=None, metavar="[HOST:]PORT-PORT",
+    p.add_argument("--auto", default=None, nargs="?", const="", metavar="[HOST:]PORT-PORT",
                    help="instead of TARGET: the one vLLM server or rltperf probe on these ports "
-                        "(several found: they are listed, exit 2)")  # fmt: skip
+                        f"({DEFAULT_HELP}; several found: they are listed, exit 2)")  # fmt: skip
     p.add_argument(
         "--duration", type=float, default=None, metavar="S", help="seconds to record (default: until Ctrl-C)"
     )
@@ -111,9 +112,9 @@ def _resolve_target(args: argparse.Namespace) -> int | None:
         return 2
     if args.auto is None:
         return None
-    from rltperf_tui.commands.auto_targets import discover
+    from rltperf_tui.commands.auto_targets import discover, expand
 
-    found = discover([args.auto], args.token, "record")
+    found = discover(expand([args.auto]), args.token, "record")
     if isinstance(found, int):
         return found
     if len(found) > 1:

@@ -197,3 +197,44 @@ def test_a_probe_busy_past_the_timeout_is_still_found(monkeypatch: pytest.Monkey
     # the HTTP try waited out its whole timeout on the stopped engine before the hello
     assert resumed and resumed[0] - t0 >= BUSY_TRY_S * 0.95, (resumed, t0)
     assert found.kind == "probe" and found.target == f"tcp://{eng.address}", found
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_a_bare_auto_scans_the_usual_ports() -> None:
+    """``--auto`` with no range scans ``DEFAULT_RANGES``: a probe on a port of the probes'
+    usual range (7788 and the ports after it) is found and listed by ``rltperf attach
+    --auto --list``, and ``rltperf record --auto`` takes the same default."""
+    import argparse
+    import subprocess
+    import sys
+
+    from rltperf_tui.commands import record
+    from rltperf_tui.commands.auto_targets import DEFAULT_RANGES, expand
+    from tests.conftest import ROOT
+
+    assert expand([""]) == list(DEFAULT_RANGES) and expand(["9000-9001", ""]) == [
+        "9000-9001",
+        *DEFAULT_RANGES,
+    ]
+    p = argparse.ArgumentParser()
+    record.add_arguments(p)
+    assert p.parse_args(["--auto"]).auto == "" and p.parse_args([]).auto is None
+    port = next(p for p in range(7788, 7800) if _bindable(p))
+    eng = start_engine([str(LOOP_ENGINE), "--listen", f"127.0.0.1:{port}", "--duration", "60", "--no-warm",
+                        "--rate", "200"])  # fmt: skip
+    try:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        out = subprocess.run([sys.executable, "-m", "rltperf_tui.cli", "attach", "--auto", "--list"],
+                             capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    finally:
+        eng.stop()
+    assert out.returncode == 0, out.stderr
+    assert f"tcp://127.0.0.1:{port}" in out.stdout.split(), out.stdout
