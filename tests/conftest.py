@@ -117,12 +117,13 @@ def free_ports(n: int = 1) -> int:
     pick = random.SystemRandom()
     for _ in range(500):
         base = pick.randrange(lo, hi)
-        if all(_bindable(base + i) for i in range(n)):
+        if all(bindable(base + i) for i in range(n)):
             return base
     raise RuntimeError(f"no {n} consecutive free ports found in {lo}..{hi}")
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
+    """Whether 127.0.0.1:``port`` is free to bind now."""
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))

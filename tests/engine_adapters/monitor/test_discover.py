@@ -23,7 +23,7 @@ from engine_adapters.monitor.discover import (
     parse_range,
     scan,
 )
-from tests.conftest import LOOP_ENGINE, free_ports, start_engine
+from tests.conftest import LOOP_ENGINE, bindable, free_ports, start_engine
 
 LONG_S = 20.0
 """A connect timeout no refused port may cost."""
@@ -199,15 +199,6 @@ def test_a_probe_busy_past_the_timeout_is_still_found(monkeypatch: pytest.Monkey
     assert found.kind == "probe" and found.target == f"tcp://{eng.address}", found
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def test_a_bare_auto_scans_the_usual_ports() -> None:
     """``--auto`` with no range scans ``DEFAULT_RANGES``: a probe on a port of the probes'
     usual range (7788 and the ports after it) is found and listed by ``rltperf attach
@@ -227,7 +218,7 @@ def test_a_bare_auto_scans_the_usual_ports() -> None:
     p = argparse.ArgumentParser()
     record.add_arguments(p)
     assert p.parse_args(["--auto"]).auto == "" and p.parse_args([]).auto is None
-    port = next(p for p in range(7788, 7800) if _bindable(p))
+    port = next(p for p in range(7788, 7800) if bindable(p))
     eng = start_engine([str(LOOP_ENGINE), "--listen", f"127.0.0.1:{port}", "--duration", "60", "--no-warm",
                         "--rate", "200"])  # fmt: skip
     try:
