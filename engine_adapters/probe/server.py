@@ -225,6 +225,11 @@ class Publisher(threading.Thread):
             data = sub.sock.recv(CLIENT_READ)
         except BlockingIOError:
             return
+        except ConnectionResetError:
+            # a monitor that quit with stream data unread (its kernel resets): a client
+            # going away, like a clean disconnect, not a fault worth the engine's log
+            self._close_sub(sub, "client went away (connection reset)", level=logging.INFO)
+            return
         except OSError as exc:
             self._close_sub(sub, f"receive failed: {exc}")
             return

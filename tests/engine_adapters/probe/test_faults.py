@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from engine_adapters.definitions.records import ClientHello, StepRecord
+from engine_adapters.definitions.records import SCHEMA_VERSION, ClientHello, StepRecord
 from engine_adapters.definitions.wire import encode
 from engine_adapters.monitor.base import AdapterConnectionError
 from engine_adapters.monitor.tcp import ProbeAdapter
@@ -332,6 +332,44 @@ def test_ping_flood_is_closed_and_its_queue_stays_bounded(caplog):
     assert worst <= 4, f"control queue of the flooding client reached {worst} frames"
     assert state["closed"] >= 1, state
     assert any("flooding" in m and "requests in one second" in m for m in caplog.messages)
+
+
+def test_a_monitor_that_quits_with_data_unread_is_no_warning(caplog):
+    """A monitor that leaves (``q``) with stream data it never read makes its kernel reset
+    the connection, and the probe's next read fails with ``ECONNRESET``.  That is a client
+    going away, logged at INFO like a clean disconnect, not a WARNING in the engine's log
+    at every quit; the next monitor is served as before.  (Here the reset is forced with
+    ``SO_LINGER`` 0 on an idle probe, so that the probe's read meets it, not a send.)"""
+    from engine_adapters.probe import Probe
+
+    p = Probe("127.0.0.1:0", {"name": "unit"}, warm_profiler=False, sample_devices=False)
+    try:
+        with caplog.at_level("INFO", logger="rltperf.probe"):
+            host, port = p.address.rsplit(":", 1)
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            sock.sendall(encode(ClientHello(schema=SCHEMA_VERSION, client="unit")))
+            # read the hello and heartbeats up to a periodic one (``STATS_EVERY_S`` after the
+            # first): then nothing is sent for a second, and the reset meets a read
+            sock.settimeout(3.0)
+            first = None
+            while True:
+                assert sock.recv(65536)
+                now = time.monotonic()
+                first = first if first is not None else now
+                if now - first > 0.5:
+                    break
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()  # RST, as a close with unread data sends
+            t0 = time.monotonic()
+            while not any("closing connection" in m for m in caplog.messages) and time.monotonic() - t0 < 10:
+                time.sleep(0.05)
+        again = ProbeAdapter(f"tcp://{p.address}", reconnect=False).connect()
+        again.close()
+    finally:
+        p.close()
+    gone = [r for r in caplog.records if "closing connection" in r.getMessage()]
+    assert gone and "reset" in gone[0].getMessage(), [r.getMessage() for r in gone]
+    assert all(r.levelname == "INFO" for r in gone), [(r.levelname, r.getMessage()) for r in gone]
 
 
 def test_unread_stats_replies_are_coalesced(caplog):
