@@ -79,7 +79,7 @@ def check_monitor_options(args: argparse.Namespace, prog: str) -> str | None:
     if args.window <= 0 or args.timeline <= 0:
         return "--window and --timeline must be positive"
     if args.refresh <= 0 or args.refresh > 30:
-        return "--refresh must be between 0 and 30 Hz"
+        return f"--refresh must be above 0 and at most 30 Hz (got {args.refresh:g})"
     if args.steps < 1:
         return "--steps must be at least 1"
     for name in ("slo_ttft_ms", "slo_tpot_ms", "peak_gbps", "peak_gflops"):

@@ -73,3 +73,18 @@ def test_a_command_past_its_time_fails_the_test_saying_where_it_was() -> None:
     text = str(stuck.value)
     assert "still ran after 2 s" in text and "waited" in text and "threads by state: S" in text, text
     assert "Current thread" in text and "in _handshake" in text and "record.py" in text, text
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--refresh", "0"], "--refresh must be above 0 and at most 30 Hz (got 0)"),
+        (["--refresh", "31"], "--refresh must be above 0 and at most 30 Hz (got 31)"),
+        (["--window", "0"], "--window and --timeline must be positive"),
+        (["--history", "10"], "--history must be at least 1024 steps"),
+    ],
+)
+def test_a_bad_monitor_option_is_one_sentence_before_any_connection(args: list[str], says: str) -> None:
+    """The option is refused before the target is tried (nothing listens at port 1)."""
+    out = run_rltperf("attach", *args, "tcp://127.0.0.1:1")
+    assert out.returncode == 2 and out.stderr.strip() == f"rltperf attach: error: {says}", out.stderr
