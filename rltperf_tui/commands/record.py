@@ -7,7 +7,7 @@ import sys
 import time
 
 from engine_adapters.monitor.recording import RecordingError, RecordingWriter
-from rltperf_tui.commands.auto_targets import DEFAULT_HELP
+from rltperf_tui.commands.auto_targets import DEFAULT_HELP, discover, expand
 from rltperf_tui.commands.common import Progress, add_target_options, open_session, target_options
 from rltperf_tui.live.driver import LiveTarget, TargetSpec, new_stats
 
@@ -112,8 +112,6 @@ def _resolve_target(args: argparse.Namespace) -> int | None:
         return 2
     if args.auto is None:
         return None
-    from rltperf_tui.commands.auto_targets import discover, expand
-
     found = discover(expand([args.auto]), args.token, "record")
     if isinstance(found, int):
         return found

@@ -215,9 +215,9 @@ def test_a_bare_auto_scans_the_usual_ports() -> None:
         "9000-9001",
         *DEFAULT_RANGES,
     ]
-    p = argparse.ArgumentParser()
-    record.add_arguments(p)
-    assert p.parse_args(["--auto"]).auto == "" and p.parse_args([]).auto is None
+    parser = argparse.ArgumentParser()
+    record.add_arguments(parser)
+    assert parser.parse_args(["--auto"]).auto == "" and parser.parse_args([]).auto is None
     port = next(p for p in range(7788, 7800) if bindable(p))
     eng = start_engine([str(LOOP_ENGINE), "--listen", f"127.0.0.1:{port}", "--duration", "60", "--no-warm",
                         "--rate", "200"])  # fmt: skip
