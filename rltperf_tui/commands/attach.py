@@ -8,6 +8,7 @@ from typing import Any
 
 from rltperf_tui.commands.common import add_target_options, open_targets, target_options
 from rltperf_tui.commands.jsonl import JSONL_HELP
+from rltperf_tui.commands.stop_signals import TUI_STOP_SIGNALS, on_stop_signals, quit_on_signal
 
 HELP = "the live monitor: attach to running engines (tcp://, vllm+http://) or recordings"
 EXIT_WITHOUT_TEARDOWN = True
@@ -25,7 +26,8 @@ Panels: step time by stage, latency percentiles (of pooled samples), device idle
 fraction and idle gaps, bandwidth utilisation against the roofline, loop depths and
 speculation, queue and KV, captures.  Keys: c / f capture ops-only / full on every
 target, [ ] halve / double the capture length N, space pause the display, r record
-the streams, ? explain every number, q quit.
+the streams, ? explain every number, q quit (kill PID or a hang-up quits the same way:
+recordings closed whole, the terminal given back; exit 128 + the signal).
 
 A target that cannot be reached is reported and the command exits, unless --wait is
 given: then its column shows "waiting" and it is retried until it answers.  A target
@@ -163,7 +165,8 @@ def run_monitor(specs: list[Any], args: argparse.Namespace, **extra: Any) -> int
     extra.setdefault("exit_process", getattr(args, "_exit_process", None))
     app = MonitorApp(specs, **monitor_kwargs(args), **extra)
     try:
-        app.run()
+        with on_stop_signals(quit_on_signal(app), TUI_STOP_SIGNALS):
+            app.run()
     finally:
         app.close_all()
     if app.return_code not in (0, None):

@@ -26,10 +26,10 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from rltperf_tui.commands.attach import add_monitor_options, check_monitor_options, monitor_kwargs
+from rltperf_tui.commands.stop_signals import TUI_STOP_SIGNALS, on_stop_signals, quit_on_signal
 
 HELP = "start here: the reference engine on this machine's CPU, watched live"
 EXIT_WITHOUT_TEARDOWN = True
@@ -226,13 +226,6 @@ def run(args: argparse.Namespace) -> int:
     atexit.register(child.stop, 2.0)
     app: MonitorApp | None = None
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        child.stop(2.0)
-        if app is not None and app.request_exit(128 + signum):
-            return
-        raise SystemExit(128 + signum)
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     target = f"tcp://{listen}"
     adapter = ProbeAdapter(target)
     # not connected yet: the engine is still starting; the session connects (and retries) itself
@@ -254,15 +247,21 @@ def run(args: argparse.Namespace) -> int:
         if exit_process is not None:
             exit_process(code)
 
-    try:
-        app = MonitorApp([spec], **monitor_kwargs(args), wait=True, child_check=child.problem,
-                         exit_process=finish if exit_process is not None else None)  # fmt: skip
-        app.run()
-        app.close_all()
-    finally:
-        child.stop()
-        for s, h in old.items():
-            signal.signal(s, h)
+    def on_signal(signum: int) -> None:
+        child.stop(2.0)
+        if app is not None:
+            quit_on_signal(app)(signum)
+        else:
+            raise SystemExit(128 + signum)
+
+    with on_stop_signals(on_signal, TUI_STOP_SIGNALS):  # kill, a hang-up, kill -INT: as q
+        try:
+            app = MonitorApp([spec], **monitor_kwargs(args), wait=True, child_check=child.problem,
+                             exit_process=finish if exit_process is not None else None)  # fmt: skip
+            app.run()
+            app.close_all()
+        finally:
+            child.stop()
     print(stopped, file=sys.stderr)
     code = app.return_code if app is not None else 1
     return int(code or 0)

@@ -11,6 +11,8 @@ import threading
 import time
 from typing import Any
 
+from rltperf_tui.commands.stop_signals import STOP_SIGNALS, on_stop_signals
+
 HELP = "run the reference looped-transformer engine (random weights) with a load generator and a probe"
 DESCRIPTION = """\
 Runs the reference looped transformer (embedding, prelude, a shared block looped
@@ -18,7 +20,7 @@ max_loops times with a norm between loops, coda, LM head) with RANDOM weights, d
 an in-process load generator, with the rltperf probe listening for monitors
 (`rltperf attach tcp://HOST:PORT`).  The first line printed is the probe's target alone,
 `tcp://HOST:PORT` (a wildcard --listen prints this host's name), the second how to attach
-(a token is named, never printed); then a status line every few seconds.  Stops on Ctrl-C / SIGTERM, at --duration, or when a
+(a token is named, never printed); then a status line every few seconds.  Stops on Ctrl-C / SIGTERM / SIGHUP, at --duration, or when a
 finite workload is done.
 
 Presets: tiny (CPU demo, a few ms per decode step on one core), membound (CPU decode
@@ -356,20 +358,18 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     stop = threading.Event()
 
-    def _on_signal(signum: int, _frame: Any) -> None:
-        stop.set()
-
-    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     t0 = time.monotonic()
     last = {"t": t0, "steps": 0.0, "tokens": 0.0}
     reason = "stopped"
     try:
-        engine.run(
-            duration=args.duration,
-            stop=stop,
-            on_tick=lambda e: _status(e, t0, last),
-            tick_s=args.status_every,
-        )
+        # Ctrl-C, kill, a hang-up: the same orderly stop (the probe ships its last records)
+        with on_stop_signals(lambda _signum: stop.set(), (signal.SIGINT, *STOP_SIGNALS)):
+            engine.run(
+                duration=args.duration,
+                stop=stop,
+                on_tick=lambda e: _status(e, t0, last),
+                tick_s=args.status_every,
+            )
         if stop.is_set():
             reason = "stopped by signal"
         elif engine.finite_done:
@@ -377,8 +377,6 @@ def run(args: argparse.Namespace) -> int:
         else:
             reason = "duration reached"
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
         # Closing is quick unless a capture is exporting (the probe finishes it, up to
         # 10 s): past half a second, say what the engine is waiting for.
         waiting = threading.Timer(0.5, lambda: print(

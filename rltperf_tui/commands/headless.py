@@ -8,8 +8,8 @@ ISO 8601), ``state`` (connected, reconnecting, ended) and, on a target's last ob
 ``reason`` (why it ended).
 
 Every line is flushed as it is written.  A reader that leaves (``| head -3``) ends the
-stream quietly (exit 0); Ctrl-C or SIGTERM writes each target's last object (reason
-"interrupted") and exits 0; when every target has gone away (engine stopped, server
+stream quietly (exit 0); Ctrl-C, SIGTERM or SIGHUP writes each target's last object
+(reason "interrupted") and exits 0 (``stop_signals``); when every target has gone away (engine stopped, server
 lost; without ``--wait``) the last objects say why and the exit status is
 ``EXIT_TARGETS_ENDED``.
 """
@@ -20,7 +20,6 @@ import contextlib
 import json
 import math
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +27,7 @@ from datetime import datetime, timezone
 from typing import IO, Any
 
 from rltperf_tui.analysis.summary import summarize
+from rltperf_tui.commands.stop_signals import on_stop_signals, raise_interrupt
 from rltperf_tui.live.driver import LiveTarget
 
 EXIT_TARGETS_ENDED = 1
@@ -118,11 +118,16 @@ class Stream:
         return {**head, **summary}
 
     def run(self, duration: float | None = None, is_done: Callable[[], bool] | None = None) -> int:
-        """Stream until ``duration``, the reader leaves, Ctrl-C/SIGTERM, or every target
+        """Stream until ``duration``, the reader leaves, Ctrl-C/SIGTERM/SIGHUP, or every target
         ended; returns the exit status (0, or ``EXIT_TARGETS_ENDED``)."""
         t0 = time.monotonic()
         next_tick = t0 + self.period
-        old_term = _sigterm_as_interrupt()
+        with on_stop_signals(raise_interrupt):  # kill, timeout or a hang-up: as Ctrl-C
+            return self._run(t0, next_tick, duration, is_done)
+
+    def _run(
+        self, t0: float, next_tick: float, duration: float | None, is_done: Callable[[], bool] | None
+    ) -> int:
         try:
             while True:
                 live = [t for t in self.targets if not t.ended]
@@ -151,8 +156,6 @@ class Stream:
                 if not t.ended and not self.out.write(self.object_for(t, "interrupted")):
                     break
             return 0
-        finally:
-            signal.signal(signal.SIGTERM, old_term)
 
     def close(self) -> None:
         """Stop each target's recording and close its session."""
@@ -161,15 +164,6 @@ class Stream:
             if t.session is not None:
                 with contextlib.suppress(Exception):
                     t.session.close()
-
-
-def _sigterm_as_interrupt() -> Any:
-    """SIGTERM ends the stream as Ctrl-C does (last objects written); returns the old handler."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, handler)
 
 
 __all__ = ["EXIT_TARGETS_ENDED", "EXTRA_KEYS", "LineWriter", "Stream"]

@@ -12,7 +12,7 @@ on stdout, one a line, each flushed: the keys of `rltperf summary --json` over t
 last --window seconds (default 10), plus target, timestamp (UTC, ISO 8601), state
 (connected / reconnecting / ended) and, on a target's last object, reason.  Ends
 after --duration seconds (exit 0), when the reader closes the pipe (`| head -3`:
-exit 0), on Ctrl-C or SIGTERM (a last object per target, reason "interrupted", exit
+exit 0), on Ctrl-C, SIGTERM or SIGHUP (a last object per target, reason "interrupted", exit
 0), or when every target has gone away (engine stopped, server lost: a last object
 each with the reason, exit 1; with --wait a lost target is retried instead; a
 recording's end is exit 0)."""

@@ -9,12 +9,13 @@ import time
 from engine_adapters.monitor.recording import RecordingError, RecordingWriter
 from rltperf_tui.commands.auto_targets import DEFAULT_HELP, discover, expand
 from rltperf_tui.commands.common import Progress, add_target_options, open_session, target_options
+from rltperf_tui.commands.stop_signals import on_stop_signals, raise_interrupt
 from rltperf_tui.live.driver import LiveTarget, TargetSpec, new_stats
 
 HELP = "record a target's live stream to a .rltrec file (unprofiled baseline)"
 DESCRIPTION = """\
 Record the records a target streams (steps, requests, device samples) into a
-recording file, for --duration seconds or until Ctrl-C.  Recordings are the unprofiled baselines that
+recording file, for --duration seconds or until Ctrl-C (or SIGTERM, SIGHUP).  Recordings are the unprofiled baselines that
 `rltperf summary`, `rltperf compare` and `rltperf replay` read.  An existing file is
 never overwritten.  If the engine goes away, what was recorded is kept.
 
@@ -22,7 +23,7 @@ never overwritten.  If the engine goes away, what was recorded is kept.
 refresh (--refresh, default 2 Hz) to FILE, one a line, each flushed: the keys of
 `rltperf summary --json` over the last --window seconds (default 10), plus target,
 timestamp, state and, on the last object, reason (see `rltperf attach --help`).
-Exit status: 0 after --duration, Ctrl-C or a closed pipe; 1 when the engine went
+Exit status: 0 after --duration, Ctrl-C (SIGTERM, SIGHUP) or a closed pipe; 1 when the engine went
 away (what was recorded is kept; the last object says why)."""
 
 
@@ -64,45 +65,46 @@ def run(args: argparse.Namespace) -> int:
     t = LiveTarget(TargetSpec(args.target, session=session, adapter=adapter), new_stats())
     t.start_recording(writer, args.output)
     ended = ""
-    t0 = time.monotonic()
-    next_show = t0 + 1.0
-    limit = args.duration if args.duration is not None else float("inf")
-    of = f"/{args.duration:g} s" if args.duration is not None else " s (Ctrl-C stops)"
-    try:
-        while True:
-            now = time.monotonic()
-            if now - t0 >= limit:
-                break
-            t.poll(min(0.2, limit - (now - t0)), check=False)
-            if t.recording_error is not None:
-                raise RecordingError(t.recording_error)
-            if t.ended:
-                ended = t.end_reason
-                break
-            if now >= next_show:
-                next_show = now + 1.0
-                prog.show(
-                    f"recording {args.target}: {now - t0:5.1f}{of}, {t.stats.steps.n} steps",
-                    key=str(int((now - t0) // 10)),  # without a terminal: a line every 10 s
-                )
-    except KeyboardInterrupt:
-        ended = "interrupted" if args.duration is not None else ""
-    finally:
-        t.stop_recording()
-        session.close()
-        prog.done()
-    steps = t.stats.steps.n
-    elapsed = time.monotonic() - t0
-    print(
-        f"wrote {args.output}: {writer.records} records ({steps} steps) over {elapsed:.1f} s, {writer.bytes} bytes"
-    )
-    if ended:
+    with on_stop_signals(raise_interrupt):  # kill, timeout or a hang-up: as Ctrl-C
+        t0 = time.monotonic()
+        next_show = t0 + 1.0
+        limit = args.duration if args.duration is not None else float("inf")
+        of = f"/{args.duration:g} s" if args.duration is not None else " s (Ctrl-C stops)"
+        try:
+            while True:
+                now = time.monotonic()
+                if now - t0 >= limit:
+                    break
+                t.poll(min(0.2, limit - (now - t0)), check=False)
+                if t.recording_error is not None:
+                    raise RecordingError(t.recording_error)
+                if t.ended:
+                    ended = t.end_reason
+                    break
+                if now >= next_show:
+                    next_show = now + 1.0
+                    prog.show(
+                        f"recording {args.target}: {now - t0:5.1f}{of}, {t.stats.steps.n} steps",
+                        key=str(int((now - t0) // 10)),  # without a terminal: a line every 10 s
+                    )
+        except KeyboardInterrupt:
+            ended = "interrupted" if args.duration is not None else ""
+        finally:
+            t.stop_recording()
+            session.close()
+            prog.done()
+        steps = t.stats.steps.n
+        elapsed = time.monotonic() - t0
         print(
-            f"rltperf record: stopped early after {elapsed:.1f} s: {ended}; kept what was recorded",
-            file=sys.stderr,
+            f"wrote {args.output}: {writer.records} records ({steps} steps) over {elapsed:.1f} s, {writer.bytes} bytes"
         )
-        return 1
-    return 0
+        if ended:
+            print(
+                f"rltperf record: stopped early after {elapsed:.1f} s: {ended}; kept what was recorded",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
 
 
 def _resolve_target(args: argparse.Namespace) -> int | None:

@@ -3,7 +3,7 @@
 Records the unprofiled stream of every target (rotating files, bounded disk), checks
 the trigger rules (``rltperf_tui.live.triggers``) as records arrive, asks the engine for a
 capture when one fires (cooldown, maximum, the engine's snapshot budget respected),
-and at the end (``--duration``, Ctrl-C, or every engine's goodbye) writes
+and at the end (``--duration``, Ctrl-C, SIGTERM, SIGHUP, or every engine's goodbye) writes
 ``OUT/index.html`` (``watch_report``): each target's figures over the whole run
 (``rltperf_tui.live.whole_run``: exact sums, sketched percentiles, persisted beside the
 files), which raw steps are still on disk, every trigger event with its figures and
@@ -24,6 +24,7 @@ from engine_adapters.definitions.records import Record, StepRecord
 from engine_adapters.monitor.base import AdapterError
 from engine_adapters.monitor.recording import RecordingError, RecordingWriter
 from rltperf_tui.commands.common import Progress, add_target_options, open_session, target_options
+from rltperf_tui.commands.stop_signals import on_stop_signals, raise_interrupt
 from rltperf_tui.commands.watch_report import safe_name as _safe
 from rltperf_tui.commands.watch_report import write_report
 from rltperf_tui.live.driver import Ingested, LiveTarget, TargetSpec, capture_targets, new_stats
@@ -42,7 +43,8 @@ saved every 10 s in OUT/TARGET.run.json), check the trigger
 rules, capture N steps when one fires, and at the end write OUT/index.html (each
 target's summary, every trigger event with the value that fired it and its bundle,
 and the step-time chart with the events marked).  Ends after --duration seconds, on
-Ctrl-C, or when every engine says goodbye; exit 0 and the report's path.
+Ctrl-C, SIGTERM (kill, timeout) or SIGHUP (a dropped SSH connection), or when every
+engine says goodbye; exit 0 and the report's path.
 
 Triggers: {GRAMMAR}.  step_ms and gap_ms are checked on every step as it arrives;
 the others on the figures of the last --window seconds, twice a second.  A rule that
@@ -273,55 +275,58 @@ def run(args: argparse.Namespace) -> int:
                 w.session.close()
         print(f"rltperf watch: error: {exc}", file=sys.stderr)
         return 1
-    prog = Progress(not args.quiet)
-    t0 = time.monotonic()
-    limit = args.duration if args.duration is not None else float("inf")
-    next_window = t0 + 0.5
-    next_show = t0 + 1.0
-    next_save = t0 + args.save_every
-    interrupted = False
-    try:
-        while time.monotonic() - t0 < limit and not all(w.ended for w in watched):
-            per = max(0.01, 0.2 / len(watched))
-            for w in watched:
-                if not w.ended:
-                    _act(w, _poll(w, per), watched, args)
-            now = time.monotonic()
-            if now >= next_window:
-                next_window = now + 0.5
+    with on_stop_signals(raise_interrupt):  # kill, timeout or a hang-up: as Ctrl-C
+        prog = Progress(not args.quiet)
+        t0 = time.monotonic()
+        limit = args.duration if args.duration is not None else float("inf")
+        next_window = t0 + 0.5
+        next_show = t0 + 1.0
+        next_save = t0 + args.save_every
+        interrupted = False
+        try:
+            while time.monotonic() - t0 < limit and not all(w.ended for w in watched):
+                per = max(0.01, 0.2 / len(watched))
                 for w in watched:
-                    if not w.ended and w.stats.steps.n:
-                        _act(w, Ingested(fires=w.check_window(w.stats.window(args.window))), watched, args)
-            if now >= next_save:
-                next_save = now + args.save_every
+                    if not w.ended:
+                        _act(w, _poll(w, per), watched, args)
+                now = time.monotonic()
+                if now >= next_window:
+                    next_window = now + 0.5
+                    for w in watched:
+                        if not w.ended and w.stats.steps.n:
+                            _act(
+                                w, Ingested(fires=w.check_window(w.stats.window(args.window))), watched, args
+                            )
+                if now >= next_save:
+                    next_save = now + args.save_every
+                    for w in watched:
+                        w.save_run()
+                if now >= next_show:
+                    next_show = now + 1.0
+                    fired = sum(len(w.triggers.fires) for w in watched if w.triggers is not None)
+                    caps = sum(w.triggers.captures for w in watched if w.triggers is not None)
+                    prog.show(
+                        f"watching {len(watched)} target(s): {now - t0:5.0f} s, {fired} fires, {caps} captures",
+                        key=str(int((now - t0) // 30)),
+                    )
+            # captures still exporting: give them a bounded moment to land
+            deadline = time.monotonic() + 60
+            while any(w.triggered for w in watched if not w.ended) and time.monotonic() < deadline:
                 for w in watched:
-                    w.save_run()
-            if now >= next_show:
-                next_show = now + 1.0
-                fired = sum(len(w.triggers.fires) for w in watched if w.triggers is not None)
-                caps = sum(w.triggers.captures for w in watched if w.triggers is not None)
-                prog.show(
-                    f"watching {len(watched)} target(s): {now - t0:5.0f} s, {fired} fires, {caps} captures",
-                    key=str(int((now - t0) // 30)),
-                )
-        # captures still exporting: give them a bounded moment to land
-        deadline = time.monotonic() + 60
-        while any(w.triggered for w in watched if not w.ended) and time.monotonic() < deadline:
+                    if w.triggered and not w.ended:
+                        _act(w, _poll(w, 0.2, check=False), watched, args)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
             for w in watched:
-                if w.triggered and not w.ended:
-                    _act(w, _poll(w, 0.2, check=False), watched, args)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        for w in watched:
-            w.stop_recording()
-            if w.session is not None:
-                w.session.close()
-            w.save_run()
-        prog.done()
-    report = write_report(out, watched, args, time.monotonic() - t0, interrupted)
-    print(report)
-    return 0
+                w.stop_recording()
+                if w.session is not None:
+                    w.session.close()
+                w.save_run()
+            prog.done()
+        report = write_report(out, watched, args, time.monotonic() - t0, interrupted)
+        print(report)
+        return 0
 
 
 def _poll(w: _Watched, timeout: float, check: bool = True) -> Ingested:

@@ -131,7 +131,9 @@ def test_first_lines_token_commit_kv_and_quiet_stderr(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
+)
 def test_engine_stops_within_a_second_of_a_signal(tmp_path: Path, sig: signal.Signals) -> None:
     """Asked to stop, the engine says so and is gone at once (before: 2-7 s of torch's
     teardown after "stopped by signal" on a busy 2-core machine)."""
