@@ -25,7 +25,7 @@ import pytest
 from engine_adapters.definitions.records import StepRecord
 from engine_adapters.monitor.recording import RecordingReader
 from tests.conftest import LOOP_ENGINE, ROOT, EngineProc, finish_cli, start_engine
-from tests.rltperf_tui.tui._uihelpers import drain_pty
+from tests.rltperf_tui.tui._uihelpers import drain_pty, record_in_pty
 
 pty = pytest.importorskip("pty")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux signals and pseudo-terminals")
@@ -130,15 +130,7 @@ def test_the_monitor_stopped_by_a_signal_quits_as_on_q(engine: EngineProc, tmp_p
     out: list[bytes] = []
     closed = False
     try:
-        deadline = time.monotonic() + 90
-        while b"records" not in b"".join(out[-50:]) or b"connected" not in b"".join(out):
-            assert time.monotonic() < deadline, b"".join(out)[-2000:].decode(errors="replace")
-            assert os.waitpid(pid, os.WNOHANG) == (0, 0), b"".join(out)[-2000:].decode(errors="replace")
-            drain_pty(fd, 0.2, out)
-        os.write(fd, b"r")
-        while not list(tmp_path.glob("*.rltrec")):
-            assert time.monotonic() < deadline, "no recording started"
-            drain_pty(fd, 0.2, out)
+        record_in_pty(pid, fd, out, tmp_path)
         drain_pty(fd, 1.5, out)
         if how == "kill":
             os.kill(pid, signal.SIGTERM)

@@ -111,3 +111,17 @@ def drain_pty(fd: int, seconds: float, out: list[bytes]) -> None:
             if not data:
                 return
             out.append(data)
+
+
+def record_in_pty(pid: int, fd: int, out: list[bytes], rec_dir: Path, timeout: float = 90.0) -> None:
+    """The monitor ``pid`` in the pty ``fd``: wait until it is connected and counting
+    records, press ``r``, and wait for its recording file in ``rec_dir``."""
+    deadline = time.monotonic() + timeout
+    while b"records" not in b"".join(out[-50:]) or b"connected" not in b"".join(out):
+        assert time.monotonic() < deadline, b"".join(out)[-2000:].decode(errors="replace")
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), b"".join(out)[-2000:].decode(errors="replace")
+        drain_pty(fd, 0.2, out)
+    os.write(fd, b"r")
+    while not list(rec_dir.glob("*.rltrec")):
+        assert time.monotonic() < deadline, "no recording started"
+        drain_pty(fd, 0.2, out)

@@ -25,7 +25,7 @@ from engine_adapters.definitions.records import StepRecord
 from engine_adapters.monitor.recording import RecordingReader
 from engine_adapters.monitor.tcp import HELLO_TIMEOUT_S
 from tests.conftest import LOOP_ENGINE, ROOT, free_ports, start_engine
-from tests.rltperf_tui.tui._uihelpers import drain_pty
+from tests.rltperf_tui.tui._uihelpers import drain_pty, record_in_pty
 
 pty = pytest.importorskip("pty")
 
@@ -188,15 +188,7 @@ def test_q_gives_the_shell_back_at_once_with_every_core_busy_and_the_recording_c
             os.chdir(tmp_path)
             os.execve(sys.executable, [sys.executable, "-m", "rltperf_tui.cli", "attach", eng.target,
                                        "--record-dir", str(tmp_path)], env)  # fmt: skip
-        deadline = time.monotonic() + 90
-        while b"records" not in b"".join(out[-50:]) or b"connected" not in b"".join(out):
-            assert time.monotonic() < deadline, b"".join(out)[-2000:].decode(errors="replace")
-            assert os.waitpid(pid, os.WNOHANG) == (0, 0), b"".join(out)[-2000:].decode(errors="replace")
-            drain_pty(fd, 0.2, out)
-        os.write(fd, b"r")
-        while not list(tmp_path.glob("*.rltrec")):
-            assert time.monotonic() < deadline, "no recording started"
-            drain_pty(fd, 0.2, out)
+        record_in_pty(pid, fd, out, tmp_path)
         hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(os.cpu_count() or 2)]
         drain_pty(fd, 3.0, out)  # recording under load, the hogs at full speed
         cpu0 = _cpu_s(pid)
