@@ -71,6 +71,9 @@ class MonitorApp(MonitorActions):
     TITLE = "rltperf"
 
     BINDINGS: ClassVar[list[BindingType]] = [
+        # in footer order, help and quit first: a narrow terminal cuts the last ones
+        Binding("question_mark", "help", "help", key_display="?"),
+        Binding("q", "quit", "quit"),
         Binding("c", "capture('ops')", "ops", tooltip="capture N steps, ops only"),
         Binding("f", "capture('full')", "full", tooltip="capture N steps with shapes, memory, stacks"),
         Binding("left_square_bracket", "halve_steps", "N/2", key_display="["),
@@ -79,8 +82,6 @@ class MonitorApp(MonitorActions):
         Binding("r", "toggle_record", "record"),
         Binding("t", "toggle_triggers", "triggers", tooltip="arm / disarm the --trigger rules"),
         Binding("v", "toggle_replicas", "replicas", tooltip="show / hide the table of vLLM replicas"),
-        Binding("question_mark", "help", "help", key_display="?"),
-        Binding("q", "quit", "quit"),
         # no text to copy here: Ctrl-C quits, as a person over SSH expects
         Binding("ctrl+c", "quit", "quit", show=False, priority=True),
         Binding("p", "replay_pause", "play"),
@@ -185,7 +186,8 @@ class MonitorApp(MonitorActions):
                 col.set_class(h.index > 0, "-follow")
                 yield col
         with BlankVertical(id="bottom-bar"):
-            yield Footer(compact=True)
+            # no palette hint (it covered the last keys at 80 columns); ctrl+p still works
+            yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         self._event_loop = asyncio.get_running_loop()
@@ -421,13 +423,11 @@ class MonitorApp(MonitorActions):
             h.dirty = True
         self.render_tick()
 
-    # -- actions -----------------------------------------------------------------------------
+    # -- shutdown ----------------------------------------------------------------------------
 
     async def action_quit(self) -> None:
         """``q`` and Ctrl-C: leave now (``quit_now``)."""
         self.quit_now(0)
-
-    # -- shutdown ----------------------------------------------------------------------------
 
     def quit_now(self, code: int = 0) -> None:
         """Stop recordings, close every session, and leave.

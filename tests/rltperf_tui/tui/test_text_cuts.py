@@ -8,10 +8,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from textual.widgets._footer import FooterKey
 
 from rltperf_tui.tui.app import MonitorApp
 from rltperf_tui.tui.widgets.panel import Panel
 from rltperf_tui.tui.widgets.step_timeline import StepTimeline
+from tests.conftest import free_ports
 from tests.rltperf_tui.tui._uihelpers import paused_with_records_arriving, replay_finished, replay_spec, sync
 
 CUT_NUMBER = re.compile(r"[\d.]…")
@@ -60,3 +62,25 @@ async def test_status_bar_never_cuts_a_number() -> None:
             assert not re.search(r"[\d.,]…", line), (w, line)
             cuts += line.endswith("…")
         assert cuts, "the bar never overflowed: the test proves nothing"
+
+
+@pytest.mark.parametrize("width", [80, 60])
+@pytest.mark.parametrize("kind", ["live", "replay"])
+@sync
+async def test_the_quit_and_help_keys_are_whole_in_a_narrow_footer(kind: str, width: int) -> None:
+    """In a narrow terminal (80 columns: a default SSH terminal; 60), for a live target
+    (the record key shown) and a replay (play, faster, slower shown), ``? help`` and
+    ``q quit`` are on screen whole and nothing covers them: they once sat last, the
+    command palette's hint docked over them ("q qu" at 80 columns)."""
+    spec = replay_spec() if kind == "replay" else f"tcp://127.0.0.1:{free_ports()}"
+    app = MonitorApp([spec], wait=True)
+    async with app.run_test(size=(width, 24)) as pilot:
+        await pilot.pause(0.5)
+        shown = [k for k in app.query(FooterKey) if k.display and k.region.width > 0]
+        by_action = {k.action: k for k in shown}
+        for action in ("quit", "help"):
+            assert action in by_action, sorted(by_action)
+            region = by_action[action].region
+            assert region.right <= width, (action, region)
+            covering = [k.action for k in shown if k is not by_action[action] and k.region.overlaps(region)]
+            assert not covering, (action, covering)
