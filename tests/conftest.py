@@ -342,6 +342,19 @@ def loop_engine(tmp_path: Path) -> Iterator[EngineProc]:
         eng.stop()
 
 
+@pytest.fixture(scope="module")
+def module_loop_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
+    """The test loop paced at 1,000 steps/s for a whole module whose tests only read its
+    stream (no captures): one start instead of one a test."""
+    snaps = tmp_path_factory.mktemp("snapshots")
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "600", "--rate", "1000", "--no-warm",
+                        "--snapshots", str(snaps)])  # fmt: skip
+    try:
+        yield eng
+    finally:
+        eng.stop()
+
+
 def _checkout_snapshots() -> set[str]:
     return {p.name for p in (ROOT / "snapshots").iterdir()} if (ROOT / "snapshots").is_dir() else set()
 
@@ -355,3 +368,13 @@ def no_bundle_left_in_the_checkout() -> Iterator[None]:
     yield
     new = sorted(_checkout_snapshots() - before)
     assert not new, f"tests left bundles in {ROOT / 'snapshots'}: {new}"
+
+
+def tmpfs_mount(path: Path, size: str | None = None) -> bool:
+    """A tiny tmpfs at ``path`` (``size``, e.g. "48k": a disk that fills), read-only
+    without one; False when not possible (needs root and ``mount``; CI runs as root)."""
+    opts = f"size={size}" if size else "ro,size=64k"
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        return False
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True)
+    return done.returncode == 0

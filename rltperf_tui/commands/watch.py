@@ -13,6 +13,7 @@ bundle, and the whole run's step-time chart with the events marked.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -218,11 +219,18 @@ class _Watched(LiveTarget):
         return out
 
     def save_run(self) -> None:
-        """Persist the whole run's figures (written aside, then renamed: never half a file)."""
+        """Persist the whole run's figures (written aside, then renamed: never half a file;
+        one that cannot be written, a full disk, is removed and raises ``RecordingError``,
+        the file saved before it kept)."""
         tmp = self.run_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"target": self.target, **self.run.to_json()}, f)
-        os.replace(tmp, self.run_path)
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"target": self.target, **self.run.to_json()}, f)
+            os.replace(tmp, self.run_path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise RecordingError(f"cannot write {self.run_path}: {exc.strerror}") from None
 
     def keep_event(self, event: dict[str, Any]) -> None:
         """Keep an event; of those not captured only the newest ``MAX_EVENTS``."""
@@ -282,7 +290,8 @@ def run(args: argparse.Namespace) -> int:
         next_window = t0 + 0.5
         next_show = t0 + 1.0
         next_save = t0 + args.save_every
-        interrupted = False
+        stopped = ""
+        failure: RecordingError | None = None
         try:
             while time.monotonic() - t0 < limit and not all(w.ended for w in watched):
                 per = max(0.01, 0.2 / len(watched))
@@ -316,15 +325,43 @@ def run(args: argparse.Namespace) -> int:
                     if w.triggered and not w.ended:
                         _act(w, _poll(w, 0.2, check=False), watched, args)
         except KeyboardInterrupt:
-            interrupted = True
+            stopped = "interrupted"
+        except RecordingError as exc:  # a full disk: stop, keep what is written, say so
+            failure = exc
+            stopped = f"stopped: {exc}"
         finally:
             for w in watched:
                 w.stop_recording()
                 if w.session is not None:
                     w.session.close()
-                w.save_run()
+                with contextlib.suppress(RecordingError):  # the loop's error says it first
+                    w.save_run()
             prog.done()
-        report = write_report(out, watched, args, time.monotonic() - t0, interrupted)
+        before = set(os.listdir(out))
+        try:
+            report = write_report(out, watched, args, time.monotonic() - t0, stopped)
+        except OSError as exc:
+            for name in set(os.listdir(out)) - before:  # the report's files, half written
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(out, name))
+            if failure is None:
+                failure = RecordingError(f"cannot write the report in {out}: {exc.strerror}")
+            saved = sorted(os.path.join(out, n) for n in before if n.endswith(".run.json"))
+            kept = (
+                f"the whole run's figures as last saved: {', '.join(saved)}"
+                if saved
+                else "no .run.json saved yet"
+            )
+            print(
+                f"rltperf watch: error: {failure}; no report either ({exc.strerror}); {kept}", file=sys.stderr
+            )
+            return 1
+        if failure is not None:
+            print(
+                f"rltperf watch: error: {failure}; the report of the run until then: {report}",
+                file=sys.stderr,
+            )
+            return 1
         print(report)
         return 0
 

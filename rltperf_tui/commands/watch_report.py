@@ -141,9 +141,10 @@ def _events_table(w: WatchedTarget, events: list[dict[str, Any]]) -> str:
 
 
 def write_report(
-    out: str, watched: Sequence[WatchedTarget], args: argparse.Namespace, elapsed: float, interrupted: bool
+    out: str, watched: Sequence[WatchedTarget], args: argparse.Namespace, elapsed: float, stopped: str = ""
 ) -> str:
-    """Write OUT/index.html (and events.json, one chart per target); return the index path."""
+    """Write OUT/index.html (and events.json, one chart per target); return the index path.
+    ``stopped``: why the run ended early ("interrupted", or what could not be written)."""
     sections = []
     all_events = []
     for w in watched:
@@ -172,7 +173,7 @@ def write_report(
         "<!doctype html><meta charset=utf-8><title>rltperf watch</title>"
         "<style>body{font-family:sans-serif;max-width:70em;margin:auto}td,th{padding:2px 8px;text-align:left}"
         "table{border-collapse:collapse}tr:nth-child(even){background:#f2f2f2}</style>"
-        f"<h1>rltperf watch</h1><p>{elapsed:.0f} s{' (interrupted)' if interrupted else ''}; "
+        f"<h1>rltperf watch</h1><p>{elapsed:.0f} s{f' ({html.escape(stopped)})' if stopped else ''}; "
         f"triggers {html.escape(', '.join(args.trigger))}; captures of {args.steps} steps ({args.mode}), "
         f"cooldown {args.cooldown:g} s, at most {args.max_captures}. Figures over each target's whole run "
         "(its wall time; profiled, exporting and warm-up steps and the requests in flight during them left "

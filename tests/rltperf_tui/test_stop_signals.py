@@ -17,14 +17,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from engine_adapters.definitions.records import StepRecord
 from engine_adapters.monitor.recording import RecordingReader
-from tests.conftest import LOOP_ENGINE, ROOT, EngineProc, finish_cli, start_engine
+from tests.conftest import ROOT, EngineProc, finish_cli
 from tests.rltperf_tui.tui._uihelpers import drain_pty, record_in_pty
 
 pty = pytest.importorskip("pty")
@@ -32,15 +31,6 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux signals a
 
 ENV = dict(os.environ, TERM="xterm-256color", COLUMNS="120", LINES="40",
            PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
-    snaps = tmp_path_factory.mktemp("snaps")
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "300", "--rate", "300", "--no-warm",
-                        "--snapshots", str(snaps)])  # fmt: skip
-    yield eng
-    eng.stop()
 
 
 def _steps(path: Path) -> list[int]:
@@ -80,11 +70,11 @@ def _wait_exit(pid: int, fd: int | None, out: list[bytes], timeout: float = 60.0
             drain_pty(fd, 0.05, out)
 
 
-def test_watch_stopped_by_kill_writes_its_report(engine: EngineProc, tmp_path: Path) -> None:
+def test_watch_stopped_by_kill_writes_its_report(module_loop_engine: EngineProc, tmp_path: Path) -> None:
     """``timeout`` or a harness ends a load test's ``watch`` with SIGTERM: the report is
     written (marked interrupted), exit 0 as after Ctrl-C, the recording whole."""
     out = tmp_path / "w"
-    proc = subprocess.Popen([sys.executable, "-m", "rltperf_tui.cli", "watch", engine.target, "--trigger",
+    proc = subprocess.Popen([sys.executable, "-m", "rltperf_tui.cli", "watch", module_loop_engine.target, "--trigger",
                              "step_ms>5000", "--out", str(out), "-q"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
     deadline = time.monotonic() + 60
@@ -101,12 +91,14 @@ def test_watch_stopped_by_kill_writes_its_report(engine: EngineProc, tmp_path: P
     _whole(_steps(rec))
 
 
-def test_record_in_a_terminal_that_hangs_up_keeps_every_record(engine: EngineProc, tmp_path: Path) -> None:
+def test_record_in_a_terminal_that_hangs_up_keeps_every_record(
+    module_loop_engine: EngineProc, tmp_path: Path
+) -> None:
     """The SSH connection drops under ``rltperf record``: it stops as after Ctrl-C (exit 0),
     every record it took is in the file (as many as it counted), and nothing it writes to
     the dead terminal fails it."""
     rec = tmp_path / "r.rltrec"
-    pid, fd = _in_pty(["record", engine.target, "-o", str(rec)], tmp_path)
+    pid, fd = _in_pty(["record", module_loop_engine.target, "-o", str(rec)], tmp_path)
     out: list[bytes] = []
     try:
         deadline = time.monotonic() + 60
@@ -122,11 +114,13 @@ def test_record_in_a_terminal_that_hangs_up_keeps_every_record(engine: EnginePro
 
 
 @pytest.mark.parametrize("how", ["kill", "hang-up"])
-def test_the_monitor_stopped_by_a_signal_quits_as_on_q(engine: EngineProc, tmp_path: Path, how: str) -> None:
+def test_the_monitor_stopped_by_a_signal_quits_as_on_q(
+    module_loop_engine: EngineProc, tmp_path: Path, how: str
+) -> None:
     """``rltperf attach`` recording its stream (``r``), then SIGTERM (``kill PID``) or a
     hang-up: it quits as on ``q``, exit 128 + the signal, the recording whole; after a
     kill, the terminal is given back (the alternate screen left)."""
-    pid, fd = _in_pty(["attach", engine.target, "--record-dir", str(tmp_path)], tmp_path)
+    pid, fd = _in_pty(["attach", module_loop_engine.target, "--record-dir", str(tmp_path)], tmp_path)
     out: list[bytes] = []
     closed = False
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 from engine_adapters.definitions.contract import CONTRACT_FIELDS
 from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Refused, StepRecord
 from engine_adapters.monitor.tcp import ProbeAdapter
-from tests.conftest import LOOP_ENGINE, run_rltperf, start_engine
+from tests.conftest import LOOP_ENGINE, run_rltperf, start_engine, tmpfs_mount
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +56,7 @@ def test_capture_into_unwritable_root_fails_clearly_and_engine_runs(tmp_path, ki
         root.chmod(0o555)
         mounted = False
     else:
-        mounted = _ro_mount(root, None if kind == "read-only" else "48k")
+        mounted = tmpfs_mount(root, None if kind == "read-only" else "48k")
         if not mounted:
             pytest.skip("cannot make a read-only / tiny file system here (needs root and mount)")
     try:
@@ -194,19 +193,6 @@ def test_bad_capture_requests_get_clear_errors(engine):
     assert "1 to 1024" in out.stdout
     out = run_rltperf("capture", "tcp://127.0.0.1:1", "--steps", "5")
     assert out.returncode == 1 and "connection refused" in out.stderr and "Traceback" not in out.stderr
-
-
-def _ro_mount(path: Path, size: str | None = None) -> bool:
-    """A read-only (or tiny, with ``size``) tmpfs at ``path``; False when not possible."""
-    opts = f"size={size}" if size else "ro,size=64k"
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        return False
-    return (
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True
-        ).returncode
-        == 0
-    )
 
 
 def _engine_keeps_stepping(target: str) -> int:
