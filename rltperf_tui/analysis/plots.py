@@ -7,6 +7,7 @@ and whether its timings were profiled.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -48,11 +49,19 @@ def _plt() -> Any:
 
 
 def _save(fig: Any, path: str) -> str:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    """Write the chart to ``path``; one that cannot be written whole (a full disk) is
+    removed, not left empty or cut, and the ``OSError`` raised."""
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        raise
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -3,10 +3,12 @@ and the ``--png`` charts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import struct
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import LOOP_ENGINE, start_engine
+from tests.conftest import LOOP_ENGINE, start_engine, tmpfs_mount
 
 STEPS = 5
 
@@ -278,3 +280,27 @@ def test_png_without_matplotlib_still_prints_the_report(
     rc, out, err = report(bundles["ops"], "--png", str(tmp_path), "--json")
     rep = json.loads(out)
     assert rc == 4 and rep["complete"] is True and "needs matplotlib" in rep["png_error"]
+
+
+def test_charts_on_a_full_disk_leave_no_empty_file(bundles: dict[str, str], tmp_path: Path) -> None:
+    """A chart that cannot be written (a 16 KiB tmpfs filled up) costs only the charts:
+    the report, the reason, and no empty or half-written PNG left behind (one was)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if not tmpfs_mount(disk, "16k"):
+        pytest.skip("cannot mount a tiny tmpfs here (needs root and mount)")
+    try:
+        (disk / "charts").mkdir()
+        with contextlib.suppress(OSError), open(disk / "filler", "wb") as f:
+            while True:  # the disk full to its last byte
+                f.write(b"\0" * 4096)
+                f.flush()
+        rc, out, err = report(bundles["ops"], "--png", str(disk / "charts"))
+        charts = disk / "charts"
+        left = {p.name: p.read_bytes() for p in charts.iterdir()} if charts.exists() else {}
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    assert "top host operators by self time" in out, out
+    assert rc == 4 and "No space left on device" in err, err
+    cut = [n for n, data in left.items() if not data.endswith(b"IEND\xaeB`\x82")]  # a PNG's last chunk
+    assert not cut, cut
