@@ -138,15 +138,19 @@ class Progress:
             if k == self._last_key:
                 return
             self._last_key = k
-        if self.tty:
-            sys.stderr.write("\r\033[K" + text)
-        else:
-            sys.stderr.write(text + "\n")
-        sys.stderr.flush()
+        self._write("\r\033[K" + text if self.tty else text + "\n")
 
     def done(self) -> None:
         """End the progress line."""
         if self.enabled and self.tty and self._last:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+            self._write("\n")
         self._last = ""
+
+    def _write(self, text: str) -> None:
+        """A progress line that cannot be written (a terminal that hung up: EIO) turns the
+        display off; it never fails the command it reports on."""
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            self.enabled = False

@@ -17,6 +17,7 @@ lost; without ``--wait``) the last objects say why and the exit status is
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -72,7 +73,7 @@ class LineWriter:
             self._reader_left()
             return False
         except OSError as exc:
-            if exc.errno not in (32, 104):  # EPIPE, ECONNRESET
+            if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.EIO):  # EIO: a terminal that hung up
                 raise
             self._reader_left()
             return False

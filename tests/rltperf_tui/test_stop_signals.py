@@ -12,6 +12,7 @@ monitor left the terminal in its alternate screen and raw mode.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -23,6 +24,8 @@ import pytest
 
 from engine_adapters.definitions.records import StepRecord
 from engine_adapters.monitor.recording import RecordingReader
+from rltperf_tui.commands.common import Progress
+from rltperf_tui.commands.headless import LineWriter
 from tests.conftest import ROOT, EngineProc, finish_cli
 from tests.rltperf_tui.tui._uihelpers import drain_pty, record_in_pty
 
@@ -149,3 +152,27 @@ def test_the_monitor_stopped_by_a_signal_quits_as_on_q(
             os.close(fd)
     (rec,) = tmp_path.glob("*.rltrec")
     _whole(_steps(rec))
+
+
+def test_writes_to_a_terminal_that_hung_up_end_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hang-up can land while a line is being written, before the handler runs: that
+    write fails with EIO.  ``--jsonl``'s writer takes it as a reader that left (as a closed
+    pipe), and a progress line turns itself off; neither raises (both did)."""
+    master, slave = pty.openpty()
+    tty = os.fdopen(slave, "w")
+    os.close(master)  # the hang-up: the slave's writes now fail with EIO
+    try:
+        with pytest.raises(OSError, match="Input/output error"):  # the premise, on this kernel
+            tty.write("x\n")
+            tty.flush()
+        writer = LineWriter(tty)
+        assert writer.write({"a": 1}) is False and writer.closed
+        monkeypatch.setattr(sys, "stderr", tty)
+        prog = Progress()
+        prog.tty = True
+        prog.show("recording: 3 s")
+        prog.done()
+        assert not prog.enabled
+    finally:
+        with contextlib.suppress(OSError):
+            tty.close()
