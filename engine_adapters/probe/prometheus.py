@@ -123,7 +123,7 @@ class _WindowCollector:
         w = self.exp.window_s
         st = GaugeMetricFamily(
             "rltperf_window_stale_seconds",
-            "0, or how old the idle and MBU gauges are: held over a window that a capture's export owns",
+            "0, or how old the window gauges (idle, MBU, step percentiles) are: held over a window a capture's export owns",
         )
         st.add_metric([], self.exp.stale_s or 0.0)
         yield st
@@ -139,6 +139,16 @@ class _WindowCollector:
         )
         m.add_metric([], float("nan") if mbu is None else mbu)
         yield m
+        q = GaugeMetricFamily(
+            "rltperf_window_step_duration_seconds",
+            f"Step time percentiles over the last {w:g} s of steps, exact (pooled samples, the screen's "
+            "and summary's figure; profiled, exporting and warm-up steps left out; NaN without steps)",
+            labels=["percentile"],  # not "quantile": that label is a summary's (promtool lints it)
+        )
+        for p in F.PERCENTILES:
+            v = self.exp.step_pct[f"p{p}"]
+            q.add_metric([str(p)], float("nan") if v is None else v)
+        yield q
         c = CounterMetricFamily(
             "rltperf_probe_dropped_records",
             "Step records lost because the publisher fell a whole ring behind",
@@ -175,9 +185,13 @@ class PrometheusExporter:
         self._last_id: int | None = None
         self._last_end = 0
         self._cap_mode: dict[str, str] = {}
-        self._held: F.HeldFigures[tuple[float | None, float | None]] = F.HeldFigures()
+        self._held: F.HeldFigures[tuple[float | None, float | None, dict[str, float | None]]] = (
+            F.HeldFigures()
+        )
         self.stale_s: float | None = None
         """Age of the last ``window_figures`` when they were held over a blind window."""
+        self.step_pct: dict[str, float | None] = F.pct(np.zeros(0))
+        """Step time P50/P95/P99 (seconds) over the last ``window_figures`` window."""
         reg = self.registry = CollectorRegistry(auto_describe=True)
         info = probe.engine_info
         Info("rltperf_engine", "The engine this probe runs in", registry=reg).info(
@@ -390,6 +404,9 @@ class PrometheusExporter:
         else:
             start = end = flags = np.zeros(0, dtype=np.int64)
             busy = nbytes = np.zeros(0)
+        # the screen's step percentiles: steps that end inside the window, less the excluded
+        keep = (end > w0) & ((flags & F.EXCLUDED_FLAGS) == 0)
+        step_pct = F.pct((end[keep] - start[keep]) / 1e9)
         fig = F.window_figures(
             start=start,
             end=end,
@@ -403,10 +420,10 @@ class PrometheusExporter:
             owned_lo=F.owned_from(start, end, before or (int(start[0]) if start.size else w0)),
             reported=(self._busy_seen, self._bytes_seen, False),
         )
-        shown, self.stale_s = self._held.show(
-            (fig.idle_fraction, fig.mbu(self.peak_bw_gbps)), F.blind(fig), w1
+        (idle, mbu, self.step_pct), self.stale_s = self._held.show(
+            (fig.idle_fraction, fig.mbu(self.peak_bw_gbps), step_pct), F.blind(fig), w1
         )
-        return shown
+        return idle, mbu
 
     def close(self) -> None:
         """Stop serving."""

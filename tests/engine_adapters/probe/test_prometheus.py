@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -131,6 +132,18 @@ def test_prometheus_endpoint_parses_and_agrees_with_summary(tmp_path: Path) -> N
     gauge_mbu = _one(s, "rltperf_model_bandwidth_utilization_ratio")
     assert nbytes / (gauge_mbu * 20e9) == pytest.approx(gauge_s, rel=1e-6)
     assert list(s["rltperf_peak_memory_bandwidth_bytes_per_second"].values()) == [20e9]
+    # The window's step percentiles are exact, where histogram_quantile reads within a
+    # bucket (a real Prometheus gave p50 3.7 ms for steps of 2.6 ms: the 2.5-5 ms bucket).
+    # Every step is inside the gauge's window (above), so they are the recording's own:
+    # numpy's linear percentile of its step times, and summary's figure.
+    from engine_adapters.monitor.recording import read_all
+
+    durs = np.array([(r.end_ns - r.start_ns) / 1e9 for r in read_all(rec)[1] if isinstance(r, StepRecord)])
+    assert durs.size == STEPS
+    for p in (50, 95, 99):
+        g = _one(s, "rltperf_window_step_duration_seconds", percentile=str(p))
+        assert g == pytest.approx(np.percentile(durs, p), rel=1e-9), p
+        assert g == pytest.approx(summ["step_ms"][f"p{p}"] / 1e3, rel=1e-9), p
     assert _one(s, "rltperf_requests_total", status="ok") == summ["requests"]["ok"] > 0
     assert _one(s, "rltperf_time_to_first_token_seconds_count") == summ["requests"]["ok"]
     depths = {int(dict(k)["depth"]): v for k, v in s["rltperf_exit_depth_tokens_total"].items()}
