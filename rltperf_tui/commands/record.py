@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     t = LiveTarget(TargetSpec(args.target, session=session, adapter=adapter), new_stats())
     t.start_recording(writer, args.output)
     ended = ""
-    with on_stop_signals(raise_interrupt):  # kill, timeout or a hang-up: as Ctrl-C
+    with on_stop_signals(raise_interrupt) as signals:  # kill, timeout or a hang-up: as Ctrl-C
         t0 = time.monotonic()
         next_show = t0 + 1.0
         limit = args.duration if args.duration is not None else float("inf")
@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             ended = "interrupted" if args.duration is not None else ""
         finally:
+            signals.closing()
             t.stop_recording()
             session.close()
             prog.done()

@@ -15,9 +15,10 @@ mode and mouse reporting on, so that what the user typed next showed as garbage.
 - the monitor asks its app to quit (``MonitorApp.request_exit``), its ``q`` path;
 - the engine sets its stop event.
 
-Only the first signal acts: a second (SIGHUP then SIGTERM, or a harness that sends
-SIGTERM twice) is ignored while the first one's cleanup runs, rather than cutting it
-short.  On SIGHUP the terminal is gone: the standard streams that were that terminal
+Only the first signal acts, and none once the command is in its own cleanup
+(``StopSignals.closing``): a second (SIGHUP then SIGTERM, or a harness that sends
+SIGTERM twice), or one that comes while ``watch`` writes its report at the end of its
+``--duration``, is ignored rather than cutting that cleanup short.  On SIGHUP the terminal is gone: the standard streams that were that terminal
 are pointed at ``/dev/null`` first, so that the closing lines (the report's path, the
 terminal's reset sequences) cost nothing and raise nothing; a stream redirected to a
 file or a pipe keeps its output.
@@ -79,29 +80,43 @@ def quit_on_signal(app: _Quittable) -> Callable[[int], None]:
     return handler
 
 
+class StopSignals:
+    """What ``on_stop_signals`` yields: ``closing()`` once the command is in its own
+    cleanup, after which a stop signal only has the hang-up's streams redirected (the
+    cleanup is what it asks for, and raising in it would cut it short)."""
+
+    def __init__(self) -> None:
+        self.fired: int | None = None
+        """The first stop signal that came, if one did."""
+        self.is_closing = False
+
+    def closing(self) -> None:
+        self.is_closing = True
+
+
 @contextlib.contextmanager
 def on_stop_signals(
     handler: Callable[[int], None], signals: tuple[signal.Signals, ...] = STOP_SIGNALS
-) -> Iterator[None]:
-    """Call ``handler(signum)`` on the first of ``signals`` during the block; the old
-    handlers come back after it.  Outside the main thread (where Python runs signal
-    handlers) nothing is installed."""
+) -> Iterator[StopSignals]:
+    """Call ``handler(signum)`` on the first of ``signals`` during the block, unless the
+    block said it is closing; the old handlers come back after it.  Outside the main
+    thread (where Python runs signal handlers) nothing is installed."""
+    state = StopSignals()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield state
         return
-    fired: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        if fired:
-            return  # the first signal's cleanup is running: let it finish
-        fired.append(signum)
         if signum == signal.SIGHUP:
             leave_hung_up_terminal()
+        if state.fired is not None or state.is_closing:
+            return  # a cleanup is running: let it finish
+        state.fired = signum
         handler(signum)
 
     old = {s: signal.signal(s, on_signal) for s in signals}
     try:
-        yield
+        yield state
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -109,6 +124,7 @@ def on_stop_signals(
 
 __all__ = [
     "STOP_SIGNALS",
+    "StopSignals",
     "TUI_STOP_SIGNALS",
     "leave_hung_up_terminal",
     "on_stop_signals",

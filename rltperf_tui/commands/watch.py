@@ -283,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
                 w.session.close()
         print(f"rltperf watch: error: {exc}", file=sys.stderr)
         return 1
-    with on_stop_signals(raise_interrupt):  # kill, timeout or a hang-up: as Ctrl-C
+    with on_stop_signals(raise_interrupt) as signals:  # kill, timeout or a hang-up: as Ctrl-C
         prog = Progress(not args.quiet)
         t0 = time.monotonic()
         limit = args.duration if args.duration is not None else float("inf")
@@ -330,6 +330,7 @@ def run(args: argparse.Namespace) -> int:
             failure = exc
             stopped = f"stopped: {exc}"
         finally:
+            signals.closing()
             for w in watched:
                 w.stop_recording()
                 if w.session is not None:

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from engine_adapters.definitions.records import StepRecord
 from engine_adapters.monitor.recording import RecordingReader
 from rltperf_tui.commands.common import Progress
 from rltperf_tui.commands.headless import LineWriter
+from rltperf_tui.commands.stop_signals import on_stop_signals
 from tests.conftest import ROOT, EngineProc, finish_cli
 from tests.rltperf_tui.tui._uihelpers import drain_pty, record_in_pty
 
@@ -176,3 +178,23 @@ def test_writes_to_a_terminal_that_hung_up_end_quietly(monkeypatch: pytest.Monke
     finally:
         with contextlib.suppress(OSError):
             tty.close()
+
+
+def test_only_the_first_stop_signal_acts_and_none_once_closing() -> None:
+    """In this process, with real signals: a second SIGTERM does not run the handler again
+    (it would cut the first one's cleanup short), and once the command says it is closing
+    (``watch`` writing its report at the end of its ``--duration``) none does."""
+    assert threading.current_thread() is threading.main_thread()  # where Python runs handlers
+    calls: list[int] = []
+    before = signal.getsignal(signal.SIGTERM)
+    with on_stop_signals(calls.append) as signals:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # handlers run between bytecodes of the main thread
+    assert calls == [signal.SIGTERM] and signals.fired == signal.SIGTERM
+    with on_stop_signals(calls.append) as signals:
+        signals.closing()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+    assert calls == [signal.SIGTERM] and signals.fired is None
+    assert signal.getsignal(signal.SIGTERM) is before  # the old handler back
