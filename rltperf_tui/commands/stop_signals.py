@@ -124,8 +124,8 @@ def on_stop_signals(
 
 __all__ = [
     "STOP_SIGNALS",
-    "StopSignals",
     "TUI_STOP_SIGNALS",
+    "StopSignals",
     "leave_hung_up_terminal",
     "on_stop_signals",
     "quit_on_signal",
