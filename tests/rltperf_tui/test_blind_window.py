@@ -135,11 +135,19 @@ def test_prometheus_gauges_hold_over_a_blind_window(tmp_path, monkeypatch) -> No
         exp.observe(base)
         idle, _ = exp.window_figures(now_ns=base[-1].end_ns)
         assert idle == pytest.approx(0.5)
+        ten_ms = {"p50": pytest.approx(0.010), "p95": pytest.approx(0.010), "p99": pytest.approx(0.010)}
+        assert exp.step_pct == ten_ms  # the injected steps: 10 ms each
         exp.observe(exporting)
         idle, _ = exp.window_figures(now_ns=exporting[-1].end_ns)
         # was: NaN (no baseline in the window) for as long as the export ran
         assert idle == pytest.approx(0.5) and exp.stale_s == pytest.approx(12.0)
+        assert exp.step_pct == ten_ms  # held with them, not the exporting steps' 40 ms
         text = urllib.request.urlopen(f"http://{exp.address}/metrics", timeout=10).read().decode()
         assert "rltperf_window_stale_seconds" in text
+        assert 'rltperf_window_step_duration_seconds{percentile="50"} 0.01' in text
+        # quiet: 30 s after the last step the window holds none (not blind): no figure, NaN
+        idle, _ = exp.window_figures(now_ns=exporting[-1].end_ns + 30 * 10**9)
+        assert idle == pytest.approx(1.0) and exp.stale_s is None
+        assert exp.step_pct == {"p50": None, "p95": None, "p99": None}
     finally:
         probe.close()
