@@ -260,6 +260,13 @@ def run_s(pid: int, tid: int | None = None) -> float:
     return _schedstat(pid, tid, 0)
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_rltperf(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``rltperf ARGS`` as a user would (a fresh process), capturing its output."""
     return run_cli(list(args), timeout=timeout)

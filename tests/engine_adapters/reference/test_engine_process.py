@@ -17,7 +17,7 @@ import pytest
 
 from engine_adapters.definitions.records import Hello, StepRecord
 from engine_adapters.monitor.tcp import ProbeAdapter
-from tests.conftest import ADDRESS_RE, run_queue_s, run_s
+from tests.conftest import ADDRESS_RE, cpu_s, run_queue_s, run_s
 
 ROOT = Path(__file__).resolve().parents[3]
 TARGET_LINE = re.compile(r"^tcp://(\[[^\]]+\]|[^\s:/\[\]]+):(\d+)$")
@@ -152,7 +152,7 @@ def test_engine_stops_within_a_second_of_a_signal(tmp_path: Path, sig: signal.Si
         eng.p.send_signal(sig)
         said = eng.wait_line(lambda s: "stopped by signal" in s, 10)
         t_said = next(t for t, line in eng.lines if line == said)
-        cpu0 = _cpu_s(pid)
+        cpu0 = cpu_s(pid)
         run1, queued1 = run_s(pid), run_queue_s(pid)
         run2, queued2 = run1, queued1
         while True:
@@ -184,10 +184,3 @@ AFTER_SAID_CPU_S = 0.3
 """CPU seconds (all threads) the engine may spend after "stopped by signal": closing the
 probe and leaving without torch's teardown (``cli._exit_now``).  Measured 0.05-0.07 s;
 with the interpreter's teardown (``EXIT_WITHOUT_TEARDOWN`` off) 0.67 s."""
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -24,7 +24,7 @@ import pytest
 from engine_adapters.definitions.records import StepRecord
 from engine_adapters.monitor.recording import RecordingReader
 from engine_adapters.monitor.tcp import HELLO_TIMEOUT_S
-from tests.conftest import LOOP_ENGINE, ROOT, free_ports, start_engine
+from tests.conftest import LOOP_ENGINE, ROOT, cpu_s, free_ports, start_engine
 from tests.rltperf_tui.tui._uihelpers import drain_pty, record_in_pty
 
 pty = pytest.importorskip("pty")
@@ -156,13 +156,6 @@ def _sched_s(pid: int) -> tuple[float, float]:
     return int(run) / 1e9, int(wait) / 1e9
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="a Linux pseudo-terminal")
 def test_q_gives_the_shell_back_at_once_with_every_core_busy_and_the_recording_complete(
     tmp_path: Path,
@@ -191,7 +184,7 @@ def test_q_gives_the_shell_back_at_once_with_every_core_busy_and_the_recording_c
         record_in_pty(pid, fd, out, tmp_path)
         hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(os.cpu_count() or 2)]
         drain_pty(fd, 3.0, out)  # recording under load, the hogs at full speed
-        cpu0 = _cpu_s(pid)
+        cpu0 = cpu_s(pid)
         run0, wait0 = run1, wait1 = _sched_s(pid)
         t0 = time.monotonic()
         os.write(fd, b"q")
