@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import engine_adapters
-from rltperf_tui.bench.capture_rss import rss_run
+from rltperf_tui.bench.capture_rss import SETTLE_MAX_S, rss_run
 from rltperf_tui.bench.capture_vllm import print_vllm, run_vllm
 from rltperf_tui.bench.feed import LIMIT_FACTOR, LIMIT_MS, Feed, unprofiled_steps_ms
 
@@ -96,6 +96,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rss-mode", default="ops", choices=("ops", "full"), help="mode of the RSS captures (default ops)"
     )
+    p.add_argument("--rss-settle-max", type=float, default=SETTLE_MAX_S, metavar="S",
+                   help=f"longest wait for the engine's RSS to settle before them (default {SETTLE_MAX_S:g}; "
+                        "0: none, the figure then includes a young engine's own growth)")  # fmt: skip
     p.add_argument(
         "--pid", type=int, default=None, help="the --target engine's process id: its RSS from /proc"
     )
@@ -274,7 +277,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     del feed.history[:-20000]
                     feed.read(0.3)
             if rss_count > 0:
-                rss = rss_run(feed, args.rss_mode, args.steps, rss_count, args.rss_warmup)
+                rss = rss_run(feed, args.rss_mode, args.steps, rss_count, args.rss_warmup,
+                              getattr(args, "rss_settle_max", SETTLE_MAX_S))  # fmt: skip
         finally:
             feed.session.close()
     finally:

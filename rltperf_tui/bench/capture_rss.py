@@ -13,16 +13,16 @@ SETTLE_MAX_S = 180.0
 ~28 s at ~144 steps/s, about twice that at half the rate on a busy machine."""
 
 
-def _settle(feed: Feed, mb: Any) -> float | None:
+def _settle(feed: Feed, mb: Any, settle_max: float = SETTLE_MAX_S) -> float | None:
     """Read until the engine's RSS has stayed within 0.5 MB for three reads 2 s apart;
-    the seconds that took (None: still growing after ``SETTLE_MAX_S``, or unknown).  A
+    the seconds that took (None: still growing after ``settle_max`` s, or unknown).  A
     fresh engine grows until its probe's reader holds its 4,096 recent ``StepRecord``s
     (bundles' ``steps.jsonl``): the reference engine under closed:4 (~144 steps/s) is
     flat from ~28 s (from 50-75 s, ~11 MB more, while ring slots kept their steps'
     facts).  Counted during that growth, the captures were charged with part of it."""
     t0 = time.monotonic()
     seen: list[float] = []
-    while time.monotonic() - t0 < SETTLE_MAX_S:
+    while time.monotonic() - t0 < settle_max:
         v = mb()
         if v is None:
             return None
@@ -46,8 +46,10 @@ def net_growth_mb(
     return growth - max(0.0, control) * counted_s / control_s
 
 
-def rss_run(feed: Feed, mode: str, steps: int, count: int, warmup: int) -> dict[str, Any]:
-    """Once the engine's RSS has settled (``_settle``), ``count`` sequential captures,
+def rss_run(
+    feed: Feed, mode: str, steps: int, count: int, warmup: int, settle_max: float = SETTLE_MAX_S
+) -> dict[str, Any]:
+    """Once the engine's RSS has settled (``_settle``, at most ``settle_max`` s), ``count`` sequential captures,
     the engine's RSS (MB) before and after each; then as long again without captures
     (the engine's own drift), read the same way."""
     from engine_adapters.definitions.records import CaptureDone
@@ -56,7 +58,7 @@ def rss_run(feed: Feed, mode: str, steps: int, count: int, warmup: int) -> dict[
         v = feed.rss_bytes()
         return round(v / 2**20, 1) if v else None
 
-    settled_s = _settle(feed, mb)
+    settled_s = _settle(feed, mb, settle_max)
     rss = [mb()]
     failed = []
     t_counted = time.monotonic()
