@@ -73,7 +73,7 @@ class Monitor:
     so a baseline started from this checkout's directory ran this checkout's code."""
 
 
-def _proc_cpu_s(pid: int) -> float:
+def proc_cpu_s(pid: int) -> float:
     """CPU seconds of process ``pid`` so far, all its threads: the scheduler's own run time
     (``/proc/PID/task/*/schedstat``, nanoseconds), else user + system clock ticks.
 
@@ -194,13 +194,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for i, m in enumerate(order):
                 pids[m.name] = _start(f"{tag}-{i}", m, cols, rows)
             time.sleep(args.warmup)
-            c0 = {n: _proc_cpu_s(p) for n, p in pids.items()}
+            c0 = {n: proc_cpu_s(p) for n, p in pids.items()}
             t0 = time.monotonic()
             time.sleep(args.duration)
             wall = time.monotonic() - t0
             for m in order:
                 pid = pids[m.name]
-                m.cpu.append((_proc_cpu_s(pid) - c0[m.name]) / wall)
+                m.cpu.append((proc_cpu_s(pid) - c0[m.name]) / wall)
                 m.rss_mb.append(_proc_rss_mb(pid))
         except (FileNotFoundError, ProcessLookupError) as exc:
             notes.append(f"round {r + 1}: a monitor ended early ({exc})")
