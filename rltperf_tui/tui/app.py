@@ -3,9 +3,8 @@
 Data flow (after Toolong, Dolphie and nvitop; see STYLE.md):
 
 - one thread worker per target runs the live driver's reader half (``LiveTarget.read``:
-  the session, and the recording if one runs), batches records every ~250 ms and posts
-  **one** ``RecordsBatch`` message per batch (bounded: at most ``MAX_INFLIGHT`` batches
-  wait in the message queue, so a fast replay cannot grow memory without bound);
+  the session, and the recording if one runs) and posts **one** ``RecordsBatch`` per render
+  period (``batch_for``; at most ``MAX_INFLIGHT`` wait: a fast replay's memory is bounded);
 - the message handler runs the driver's model half (``LiveTarget.ingest``: the target's
   ``TargetStats``, the aggregator ``rltperf summary`` uses too, and the step triggers);
 - a render tick (``set_interval``) builds each changed target's window and ``StatsView``
@@ -52,6 +51,7 @@ from rltperf_tui.tui.targets import (
     TargetHandle,
     TargetProblem,
     TargetSpec,
+    batch_for,
     ingest,
 )
 from rltperf_tui.tui.widgets.containers import BlankHorizontal, BlankScreen, BlankVertical
@@ -144,7 +144,7 @@ class MonitorApp(MonitorActions):
                 if triggers
                 else None
             )
-            self.handles.append(TargetHandle(i, spec, stats, rules))
+            self.handles.append(TargetHandle(i, spec, stats, rules, batch_for(self.refresh_hz)))
         self.trigger_all = trigger_all
         self.prices = prices
         """Prices for the cost figures of metrics targets (``--cost-in`` ...), if given."""

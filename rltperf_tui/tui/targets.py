@@ -41,11 +41,22 @@ __all__ = [
 ]
 
 BATCH_S = 0.25
-"""The ingest worker posts one message per this many seconds (when records came).
+"""The ingest worker posts at most one message per this many seconds (when records came),
+and one per render period at the slower refresh rates (``batch_for``).
 
-A quarter second keeps every render tick (2 Hz) fed with fresh data while the handler
-runs 4 times a second, not 10: at 1 000 steps/s a message handled cost about a
-millisecond of the main thread whatever its size (bench ingest: 0.053 -> see commit)."""
+At 1 000 steps/s a message handled cost about a millisecond of the main thread whatever
+its size (bench ingest: 0.053 -> see commit), and a wake of either thread ~0.2 ms."""
+
+
+def batch_for(refresh_hz: float) -> float:
+    """The batch period of a screen refreshed ``refresh_hz`` times a second: one batch a
+    render tick (0.5 s at the default 2 Hz), and no less than ``BATCH_S``.  Each tick then
+    draws data at most one batch old; a batch a quarter second at 2 Hz cost 9 % more of
+    the monitor's CPU (1.84 % against 1.68 % of a core at 1 000 steps/s, ``bench ingest
+    --baseline-root``, 3 rounds)."""
+    return max(BATCH_S, min(0.5, 1.0 / refresh_hz))
+
+
 MAX_INFLIGHT = 8
 """Batches that may wait in the app's message queue per target before the worker waits."""
 READ_S = BATCH_S
@@ -87,10 +98,17 @@ class TargetHandle(LiveTarget):
     (the worker thread runs the driver's reader half and touches ``inflight``)."""
 
     def __init__(
-        self, index: int, spec: TargetSpec, stats: TargetStats, triggers: TriggerSet | None = None
+        self,
+        index: int,
+        spec: TargetSpec,
+        stats: TargetStats,
+        triggers: TriggerSet | None = None,
+        batch_s: float = BATCH_S,
     ) -> None:
         super().__init__(spec, stats, triggers)
         self.index = index
+        self.batch_s = batch_s
+        """Seconds between the batches its worker posts (``batch_for``)."""
         self.inflight = threading.Semaphore(MAX_INFLIGHT)
         self.posted = 0
         """Batches the worker posted (written by the worker thread only)."""
@@ -114,7 +132,7 @@ class TargetHandle(LiveTarget):
 
 
 class RecordsBatch(Message):
-    """Records read from one target in one ~250 ms batch."""
+    """Records read from one target in one batch (``batch_for``)."""
 
     def __init__(self, index: int, records: list[Record], slot: bool = False, final: bool = False) -> None:
         super().__init__()
@@ -182,14 +200,15 @@ def connect(h: TargetHandle, options: dict[str, Any], wait: bool, post: Post) ->
 
 def ingest(h: TargetHandle, options: dict[str, Any], wait: bool, post: Post) -> None:
     """The worker of one target (a thread): the driver's reader half (connecting first
-    when the command line did not), one ``RecordsBatch`` posted per ~250 ms batch."""
+    when the command line did not), one ``RecordsBatch`` posted per batch (``TargetHandle.batch_s``)."""
     worker = get_current_worker()
     if h.session is None and not connect(h, options, wait, post):
         return
     session = h.session
     assert session is not None
     pending: list[Record] = []
-    next_flush = time.monotonic() + BATCH_S
+    batch_s = h.batch_s
+    next_flush = time.monotonic() + batch_s
     h.read_at = h.data_at = time.monotonic()  # connected now
     while not worker.is_cancelled:
         now = time.monotonic()
@@ -208,9 +227,9 @@ def ingest(h: TargetHandle, options: dict[str, Any], wait: bool, post: Post) -> 
                 return
             pending = []
         if now >= next_flush:
-            next_flush += BATCH_S
+            next_flush += batch_s
             if next_flush < now:
-                next_flush = now + BATCH_S
+                next_flush = now + batch_s
         if ended:
             return
         if 0 < len(recs) < PACE_RECORDS:

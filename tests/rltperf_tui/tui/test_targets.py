@@ -16,6 +16,7 @@ import pytest
 from engine_adapters.probe import Probe
 from rltperf_tui.tui import app as app_module
 from rltperf_tui.tui.app import MonitorApp
+from rltperf_tui.tui.targets import batch_for
 from tests.rltperf_tui.tui._uihelpers import sync
 
 
@@ -111,5 +112,11 @@ async def test_the_worker_of_a_busy_target_reads_in_batches_and_loses_nothing(
     assert h.stats.id_gaps == 0 and h.stats.dropped == 0
     assert (ids[1:] - ids[:-1] == 1).all()
     # a read for each of the probe's 20 sends a second once (78 in 4 s), then two or three
-    # a batch (38, 39: the stream gathered for at most 0.2 s); now one a batch (16)
-    assert n_reads <= 6 * span, (n_reads, span)
+    # a 0.25 s batch (38, 39: the stream gathered for at most 0.2 s); now one a batch, a
+    # batch a render tick (8)
+    assert h.batch_s == batch_for(2.0) == 0.5
+    assert n_reads <= 3 * span, (n_reads, span)
+
+
+def test_a_batch_a_render_tick_and_never_less_than_a_quarter_second() -> None:
+    assert [batch_for(hz) for hz in (0.5, 1.0, 2.0, 4.0, 10.0)] == [0.5, 0.5, 0.5, 0.25, 0.25]
