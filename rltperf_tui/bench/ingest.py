@@ -309,6 +309,11 @@ def tui_cost(duration: float, rate: float, refresh: float, warmup: float = WARMU
 
         # Start-up (imports, first connect) and the first 30 s, while the timeline's window
         # fills and each tick's work grows, are not the steady state a user keeps open.
+        # The warm-up counts from the monitor's first frame: on a loaded machine its start
+        # alone took longer than a short run's 3 s warm-up (it then received no step).
+        deadline = time.monotonic() + 120
+        while not drained[0] and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(warmup)
         rss0 = proc.memory_info().rss
         c0, e0 = proc_cpu_s(child.pid), proc_cpu_s(eng.pid)
