@@ -345,6 +345,7 @@ def tui_cost(duration: float, rate: float, refresh: float, warmup: float = WARMU
             "tui_records_received": seen["records"],
             "tui_dropped": seen["dropped"],
             "tui_ticks": seen["ticks"],
+            "tui_state": seen.get("state"),
             "warmup_s": warmup,
             "tui_rss_mb_start": round(rss0 / 2**20, 1),
             "tui_rss_mb_end": round(rss1 / 2**20, 1),
