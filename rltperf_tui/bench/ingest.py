@@ -310,7 +310,7 @@ def tui_cost(duration: float, rate: float, refresh: float, warmup: float = WARMU
         # Start-up (imports, first connect) and the first 30 s, while the timeline's window
         # fills and each tick's work grows, are not the steady state a user keeps open.
         # The warm-up counts from the monitor's first frame: on a loaded machine its start
-        # alone took longer than a short run's 3 s warm-up (it then received no step).
+        # alone can take longer than a short run's 3 s warm-up.
         deadline = time.monotonic() + 120
         while not drained[0] and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)

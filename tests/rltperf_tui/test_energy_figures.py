@@ -49,7 +49,7 @@ class FakeRapl:
 
     def _run(self) -> None:
         # The counter in the file is as old as the last write: a real RAPL counter is
-        # exact when read.  In a loaded .ci/run a late writer once read as 57 then 107 W
+        # exact when read.  A loaded .ci/run once read 57 then 107 W (most likely a late writer)
         # in two quarters of an 80 W recording, and the gate called the doubling "drift".
         # This thread alone runs at nice -10 where allowed (Linux: a thread id is a task),
         # so it takes a core promptly when its 20 ms are up; ``late_s`` keeps its worst.
