@@ -214,6 +214,8 @@ class CaptureMeta(msgspec.Struct, kw_only=True):
     """Engine step ids of the captured steps (the probe's ``StepRecord.step_id``)."""
     profiler_warmup_step: int | UnsetType | None = UNSET
     step_ids_note: str | UnsetType = UNSET
+    steps_note: str | UnsetType = UNSET
+    """Probe: why ``steps.jsonl`` lacks some of the window's step records (absent when it has them all)."""
     step_annotations: list[dict[str, Any]] | UnsetType = UNSET
     record_shapes: bool
     profile_memory: bool

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from msgspec import UNSET
+
 from engine_adapters.definitions.bundle import (
     BundleMeta,
     CaptureMeta,
@@ -52,6 +54,8 @@ CONTEXT_STEPS = 32
 ENERGY_BASE_S = 30.0
 """Seconds of unprofiled steps before a window whose energy ``meta.json`` keeps (the
 counter is read once a second: the 32 context steps are far too short for it)."""
+WINDOW_READ_WAIT_S = 2.0
+"""How long the bundle waits for the reader to read the window's last step."""
 TRIGGER_CONTEXT_STEPS = 8
 """Of a triggered capture, steps kept before the offending one too (however long the
 delay from it to the window was, within the publisher's history)."""
@@ -113,6 +117,10 @@ class BundleWriter:
             post(CaptureFailed(capture_id=job.capture_id, reason=reason))
             return None
 
+        # The window's step records (and the unprofiled ones before it) are taken now, before
+        # the export: the reader's history holds only its last HISTORY steps, and a fast
+        # engine runs more than that during an export on a loaded machine.
+        early = _history_at_window_end(self.history, job)
         res: dict[str, Any]
         held: dict[str, str] = {}
         if job.ranks is not None and job.partial is None:  # vLLM's workers exported their own traces
@@ -145,9 +153,10 @@ class BundleWriter:
             export_s = (job.export_end_ns - job.export_start_ns) / 1e9
         if not job.error and job.partial is None and steps_found != job.steps:
             job.error = f"the trace holds {steps_found} ProfilerStep spans, {job.steps} were requested"
+        records = _with_later(early, self.history.recent_steps())
         steps: list[tuple[Any, str]] = []
         try:
-            steps = _window_steps(self.history, job)
+            steps = _window_steps(records, job)
             with open(os.path.join(tmp, "steps.jsonl"), "w", encoding="utf-8") as f:
                 trig_id = job.trigger.step_id if job.trigger is not None else None
                 for rec, tag in steps:
@@ -160,7 +169,8 @@ class BundleWriter:
         except OSError as exc:
             job.error = job.error or _os_error_text(exc, "steps.jsonl")
 
-        meta = self._meta(job, steps_found, trace_bytes, events, export_s, files, [r for r, _ in steps])
+        meta = self._meta(job, steps_found, trace_bytes, events, export_s, files, records)
+        meta.capture.steps_note = _missing_steps_note(job, [r for r, _ in steps]) or UNSET
         if job.via is not None:
             meta.capture.via = job.via
         if job.expected_ranks is not None:
@@ -233,18 +243,18 @@ class BundleWriter:
             ceiling=_ceiling(info),
             contract=build_contract(info),
             files=files,
-            energy=_energy_meta(self.history, job),
+            energy=_energy_meta(records, self.history, job),
         )
 
 
-def _energy_meta(history: StepHistory, job: CaptureJob) -> dict[str, Any]:
-    """``meta.json`` ``energy``: the unprofiled steps before the window (the reader's
-    history, at most ``ENERGY_BASE_S``; profiled, warm-up and exporting steps left out as
-    the live window leaves them) and the device energy counter's readings over them, so
-    the report gives their power and joules per token by the window's definition; or why
-    there are none."""
+def _energy_meta(records: list[StepRecord], history: StepHistory, job: CaptureJob) -> dict[str, Any]:
+    """``meta.json`` ``energy``: the unprofiled steps before the window (of ``records``, the
+    reader's history at the window's end, at most ``ENERGY_BASE_S``; profiled, warm-up and
+    exporting steps left out as the live window leaves them) and the device energy
+    counter's readings over them, so the report gives their power and joules per token by
+    the window's definition; or why there are none."""
     first = job.warmup_step if job.warmup_step is not None else (job.step_ids[0] if job.step_ids else None)
-    steps = [r for r in history.recent_steps() if first is None or r.step_id < first]
+    steps = [r for r in records if first is None or r.step_id < first]
     samples = history.recent_energy()
     sources = {s.energy_source for s in samples[-4:] if s.energy_source}
     out: dict[str, Any] = {"readings": {}, "source": sorted(sources)[0] if len(sources) == 1 else None,
@@ -327,12 +337,37 @@ def gather_ranks(job: CaptureJob, tmp: str, held: dict[str, str]) -> dict[str, A
     return out
 
 
-def _window_steps(history: StepHistory, job: CaptureJob) -> list[tuple[Any, str]]:
-    """Step records from the reader's history: context, warm-up, window, after."""
+def _history_at_window_end(history: StepHistory, job: CaptureJob) -> list[StepRecord]:
+    """The reader's history once it holds the window's last step (the publisher reads the
+    ring every few ms; at most ``WINDOW_READ_WAIT_S`` is waited for it)."""
     last = job.step_ids[-1] if job.step_ids else -1
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + WINDOW_READ_WAIT_S
     while history.last_step_id < last and time.monotonic() < deadline:
         time.sleep(0.01)
+    return history.recent_steps()
+
+
+def _with_later(early: list[StepRecord], now: list[StepRecord]) -> list[StepRecord]:
+    """``early`` and then the records of ``now`` that came after its last one."""
+    last = early[-1].step_id if early else -1
+    return early + [r for r in now if r.step_id > last]
+
+
+def _missing_steps_note(job: CaptureJob, rows: list[StepRecord]) -> str | None:
+    """Why ``steps.jsonl`` lacks some of the window's step records, or None when it has them all."""
+    have = {r.step_id for r in rows}
+    missing = [sid for sid in job.step_ids if sid not in have]
+    if not missing:
+        return None
+    return (
+        f"steps.jsonl lacks {len(missing)} of the window's {len(job.step_ids)} step records "
+        f"(first {missing[0]}): the probe's reader had not read them {WINDOW_READ_WAIT_S:g} s after "
+        "the window, or fell a whole ring behind (stats: ring_dropped)"
+    )
+
+
+def _window_steps(records: list[StepRecord], job: CaptureJob) -> list[tuple[Any, str]]:
+    """``records`` (the reader's history) tagged: context, warm-up, window, after."""
     first = job.warmup_step if job.warmup_step is not None else (job.step_ids[0] if job.step_ids else 0)
     window = set(job.step_ids)
     lo = first - CONTEXT_STEPS
@@ -341,7 +376,7 @@ def _window_steps(history: StepHistory, job: CaptureJob) -> list[tuple[Any, str]
         lo = min(lo, trig.step_id - TRIGGER_CONTEXT_STEPS)
     before = "before_trigger" if trig is not None else "before"
     out: list[tuple[Any, str]] = []
-    for rec in history.recent_steps():
+    for rec in records:
         sid = rec.step_id
         if sid < lo:
             continue

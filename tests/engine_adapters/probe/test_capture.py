@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from engine_adapters.definitions.contract import CONTRACT_FIELDS
@@ -241,3 +242,69 @@ def test_capture_command_without_a_terminal_prints_state_changes_only(engine):
     assert 1 <= len(capturing) <= 2, lines  # "capturing from step k", then one "k/64" line
     assert sum("armed" in x for x in lines) == 1 and sum("exporting" in x for x in lines) <= 1
     assert len(lines) <= 6, lines
+
+
+def test_the_windows_steps_survive_an_export_longer_than_the_readers_history(tmp_path, monkeypatch):
+    """A fast engine can run more steps during an export than the reader's history holds
+    (a loaded .ci/run: a bundle whose steps.jsonl had none of its five captured steps).
+    The export is held here until the engine has run HISTORY + 500 steps past the window:
+    the window's records, its context and the energy base before it are in the bundle."""
+    from engine_adapters.probe import Probe, bundle
+    from engine_adapters.probe.reader import HISTORY
+
+    probe = Probe("127.0.0.1:0", {"name": "evict", "random_weights": True}, snapshot_root=str(tmp_path),
+                  sample_devices=False)  # fmt: skip
+    real_export = bundle.export_trace_files
+    held_until: list[int] = []
+
+    def slow_export(job, tmp):  # the real export, then a wait: a loaded machine's long one
+        out = real_export(job, tmp)
+        target = job.step_ids[-1] + HISTORY + 500
+        deadline = time.monotonic() + 60
+        while probe.reader.last_step_id < target and time.monotonic() < deadline:
+            time.sleep(0.005)
+        held_until.append(probe.reader.last_step_id - job.step_ids[-1])
+        return out
+
+    monkeypatch.setattr(bundle, "export_trace_files", slow_export)
+    s = ProbeAdapter(f"tcp://{probe.address}", reconnect=False).connect()
+    done = None
+    try:
+        for _ in range(100):  # steps before the window: its context and energy base
+            with probe.step("decode", 1, 1):
+                pass
+        cid = s.request_capture(3, "ops")
+        deadline = time.monotonic() + 120
+        while done is None and time.monotonic() < deadline:
+            for _ in range(50):
+                with probe.step("decode", 1, 1):
+                    pass
+            time.sleep(0.0005)  # paced a little: the ring (8192) must not lap the reader
+            for r in s.read(0):
+                if isinstance(r, (CaptureDone, CaptureFailed, Refused)) and r.capture_id == cid:
+                    done = r
+    finally:
+        s.close()
+        probe.close()
+    assert isinstance(done, CaptureDone), done
+    assert held_until and held_until[0] > HISTORY  # the history did move past the window
+    b = Path(done.bundle)
+    meta = json.loads((b / "meta.json").read_text())
+    cap = meta["capture"]
+    rows = [json.loads(line) for line in (b / "steps.jsonl").read_text().splitlines()]
+    assert [r["step_id"] for r in rows if r["window"] == "captured"] == cap["step_ids"]
+    assert len([r for r in rows if r["window"] == "before"]) == 32
+    assert "steps_note" not in cap
+    assert meta["energy"]["base"]["steps"] >= 90  # the unprofiled steps before the window
+
+
+def test_a_bundle_says_which_window_steps_its_steps_file_lacks():
+    from engine_adapters.probe.bundle import _missing_steps_note
+    from engine_adapters.probe.job import CaptureJob
+
+    job = CaptureJob("c1", 3, "ops", "", 0, step_ids=[10, 11, 12])
+    rec = StepRecord(step_id=10, start_ns=0, end_ns=1)
+    assert _missing_steps_note(job, [rec]).startswith(
+        "steps.jsonl lacks 2 of the window's 3 step records (first 11)"
+    )
+    assert _missing_steps_note(job, [msgspec.structs.replace(rec, step_id=i) for i in (10, 11, 12)]) is None
