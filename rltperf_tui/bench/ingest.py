@@ -28,7 +28,8 @@
    (``rltperf_tui.bench.peers``, one round; ``rltperf bench peers`` for more rounds).
 
 For profiling, ``$RLTPERF_BENCH_CHILD`` replaces the monitor child's script (it gets the
-target, an output JSON path and the refresh rate as arguments).
+target, an output JSON path and the refresh rate as arguments; the warm-up then counts from
+its first bytes on the terminal, not from the first steps it ingested).
 """
 
 from __future__ import annotations
@@ -184,10 +185,17 @@ WARMUP_S = 35.0
 """Seconds the monitor runs attached before its CPU time is measured (> the 30 s timeline)."""
 
 _CHILD = r"""
-import json, sys
+import json, sys, threading, time
 from rltperf_tui.tui.app import MonitorApp
 target, out, refresh = sys.argv[1], sys.argv[2], float(sys.argv[3])
 app = MonitorApp([target], refresh_hz=refresh)
+
+def ready():  # <out>.ready once the screen has ingested steps; the thread then ends
+    while not (app.handles and app.handles[0].stats.steps.n):
+        time.sleep(0.05)
+    open(out + ".ready", "w").close()
+
+threading.Thread(target=ready, daemon=True).start()
 try:
     app.run()
 finally:
@@ -309,11 +317,18 @@ def tui_cost(duration: float, rate: float, refresh: float, warmup: float = WARMU
 
         # Start-up (imports, first connect) and the first 30 s, while the timeline's window
         # fills and each tick's work grows, are not the steady state a user keeps open.
-        # The warm-up counts from the monitor's first frame: on a loaded machine its start
-        # alone can take longer than a short run's 3 s warm-up.
-        deadline = time.monotonic() + 120
-        while not drained[0] and child.poll() is None and time.monotonic() < deadline:
+        # The warm-up counts from the first steps the screen ingested (the default child's
+        # <out>.ready; another child's first bytes on the terminal): on a loaded machine
+        # the start alone can take longer than a short run's 3 s warm-up, and Textual
+        # writes its terminal set-up long before the screen has mounted and connected.
+        t_start = time.monotonic()
+        deadline = t_start + 120
+        custom = bool(os.environ.get("RLTPERF_BENCH_CHILD"))
+        while child.poll() is None and time.monotonic() < deadline:
+            if drained[0] if custom else os.path.exists(out + ".ready"):
+                break
             time.sleep(0.05)
+        start_s = time.monotonic() - t_start
         time.sleep(warmup)
         rss0 = proc.memory_info().rss
         c0, e0 = proc_cpu_s(child.pid), proc_cpu_s(eng.pid)
@@ -347,6 +362,7 @@ def tui_cost(duration: float, rate: float, refresh: float, warmup: float = WARMU
             "tui_ticks": seen["ticks"],
             "tui_state": seen.get("state"),
             "warmup_s": warmup,
+            "tui_start_s": round(start_s, 2),
             "tui_rss_mb_start": round(rss0 / 2**20, 1),
             "tui_rss_mb_end": round(rss1 / 2**20, 1),
             "tui_rss_mb_max": round(max([*rss_samples, rss1]) / 2**20, 1),
