@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import json
 import os
 import random
 import re
@@ -84,6 +85,15 @@ class EngineProc:
         return f"tcp://{self.address}"
 
     def stop(self, timeout: float = 15.0) -> int:
+        census = os.environ.get("RLTPERF_TEST_CPU_CENSUS")
+        if census and self.proc.poll() is None:  # where the suite's CPU goes, engine by engine
+            try:
+                line = {"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "cpu_s": cpu_s(self.proc.pid),
+                        "args": [str(a) for a in self.proc.args][1:]}  # fmt: skip
+                with open(census, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(line) + "\n")
+            except OSError:
+                pass
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -14,13 +14,11 @@
    (``TUI_CPU_GOAL``: half the 0.04 the screen cost when issue 21 was filed).  Also its
    RSS at the start and the end (``--duration 600`` for the ten-minute figure) and the
    records it received.
-
 3. ``metrics_only`` (with ``--metrics-target vllm+http://HOST:PORT``, a running vLLM
    server): the monitor's CPU on a /metrics-only target, scraped at ``--metrics-hz``
    (default 2) with the window's figures at the same rate, over ``--metrics-duration``
    seconds (default 20), and one scrape's cost split into GET, parse and derive
    (``rltperf_tui.bench.metrics_ingest``).  No target is set for it: it is stated.
-
 4. ``screen`` (with ``--metrics-target``): the monitor's whole screen on that server,
    ``rltperf attach`` in a 160x48 tmux pane, beside vllm-htop (``--htop``, else on
    ``PATH``; polling at rltperf's 2 Hz) for the same ``--metrics-duration`` seconds after a
@@ -28,8 +26,7 @@
    (``rltperf_tui.bench.peers``, one round; ``rltperf bench peers`` for more rounds).
 
 For profiling, ``$RLTPERF_BENCH_CHILD`` replaces the monitor child's script (it gets the
-target, an output JSON path and the refresh rate as arguments; the warm-up then counts from
-its first bytes on the terminal, not from the first steps it ingested).
+target, an output JSON path and the refresh rate; the warm-up counts from its first output).
 """
 
 from __future__ import annotations
@@ -189,12 +186,9 @@ import json, sys, threading, time
 from rltperf_tui.tui.app import MonitorApp
 target, out, refresh = sys.argv[1], sys.argv[2], float(sys.argv[3])
 app = MonitorApp([target], refresh_hz=refresh)
-
-def ready():  # <out>.ready once the screen has ingested steps; the thread then ends
-    while not (app.handles and app.handles[0].stats.steps.n):
-        time.sleep(0.05)
+def ready():  # <out>.ready once the screen has ingested steps
+    while not (app.handles and app.handles[0].stats.steps.n): time.sleep(0.05)
     open(out + ".ready", "w").close()
-
 threading.Thread(target=ready, daemon=True).start()
 try:
     app.run()
@@ -315,16 +309,13 @@ def tui_cost(duration: float, rate: float, refresh: float, warmup: float = WARMU
         proc = psutil.Process(child.pid)
         from rltperf_tui.bench.peers import proc_cpu_s  # (the one CPU figure of every bench)
 
-        # Start-up (imports, first connect) and the first 30 s, while the timeline's window
-        # fills and each tick's work grows, are not the steady state a user keeps open.
-        # The warm-up counts from the first steps the screen ingested (the default child's
-        # <out>.ready; another child's first bytes on the terminal): on a loaded machine
-        # the start alone can take longer than a short run's 3 s warm-up, and Textual
-        # writes its terminal set-up long before the screen has mounted and connected.
+        # Start-up and the first 30 s (the timeline's window fills, each tick's work grows)
+        # are not the steady state a user keeps open.  The warm-up counts from the first
+        # steps the screen ingested (<out>.ready; a $RLTPERF_BENCH_CHILD's first bytes):
+        # Textual writes its set-up long before it has mounted and connected (~5 s loaded).
         t_start = time.monotonic()
-        deadline = t_start + 120
         custom = bool(os.environ.get("RLTPERF_BENCH_CHILD"))
-        while child.poll() is None and time.monotonic() < deadline:
+        while child.poll() is None and time.monotonic() < t_start + 120:
             if drained[0] if custom else os.path.exists(out + ".ready"):
                 break
             time.sleep(0.05)
