@@ -13,10 +13,12 @@ samples finds (``order_stats.sorted_quantiles``).  No Textual.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
 from engine_adapters.definitions.figures import EXCLUDED_FLAGS
+from engine_adapters.definitions.order_stats import sorted_median
 from rltperf_tui.live.step_rings import Ring, WindowSums, slides_forward
 
 
@@ -88,7 +90,9 @@ class WindowSlide:
     - ``gap_ms``: the gaps (ms) between consecutive step ids both kept, for the gap
       percentiles (a row's gap is the one before it: the window's first row has none);
     - ``gap_ns``: the gaps (ns) between consecutive step ids, kept or not, for the
-      idle-gap threshold."""
+      idle-gap threshold;
+    - ``stage_ns``: each stage column (ns) of every row, for the stage medians an idle
+      gap's step is held against (``stage_medians``)."""
 
     def __init__(self, steps: Ring) -> None:
         self.steps = steps
@@ -96,6 +100,7 @@ class WindowSlide:
         self.step_ms = SortedWindow(self._step_ms)
         self.gap_ms = SortedWindow(self._gap_ms, reach=1)
         self.gap_ns = SortedWindow(self._gap_ns, reach=1)
+        self.stage_ns: list[SortedWindow] = []
 
     def _rows(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         r = self.steps.rows
@@ -116,6 +121,9 @@ class WindowSlide:
         start, end, ids, _ = self._rows(a - 1, b)
         return (start[1:] - end[:-1])[np.diff(ids) == 1]
 
+    def _stage_ns(self, i: int, a: int, b: int) -> np.ndarray:
+        return self.steps.rows("stages", a, b)[:, i]
+
     def oldest(self) -> int:
         """The oldest row the ring still holds."""
         return self.steps.n - len(self.steps)
@@ -134,3 +142,16 @@ class WindowSlide:
         """The gaps between consecutive steps within the newest ``n`` rows, sorted."""
         hi = self.steps.n
         return self.gap_ns.get(self.oldest(), min(hi, hi - n + 1), hi)
+
+    def stage_medians(self, n: int, width: int) -> np.ndarray:
+        """The median (ns, float64) of each of the first ``width`` stage columns over the
+        newest ``n`` rows, every row: ``column_medians`` of the window's stage matrix, to
+        the bit.  At 1,000 steps/s a new idle gap was listed at almost every tick, and a
+        partition of the window's stage matrix each time was the largest numpy cost of the
+        render tick (cProfile of the screen: 178 partitions in 60 ticks)."""
+        while len(self.stage_ns) < width:
+            i = len(self.stage_ns)
+            self.stage_ns.append(SortedWindow(partial(self._stage_ns, i)))
+        hi, oldest = self.steps.n, self.oldest()
+        vals = [w.get(oldest, hi - n, hi) for w in self.stage_ns[:width]]
+        return np.array([sorted_median(v) if v.size else np.nan for v in vals], dtype=np.float64)

@@ -18,7 +18,7 @@ import numpy as np
 from engine_adapters.definitions import figures as F
 from engine_adapters.definitions import roofline
 from engine_adapters.definitions.figures import pct, pct_sorted
-from engine_adapters.definitions.order_stats import column_medians, sorted_median
+from engine_adapters.definitions.order_stats import sorted_median
 from engine_adapters.definitions.records import (
     FLAG_EXPORTING,
     FLAG_PROFILED,
@@ -420,10 +420,11 @@ class StepWindows:
         if new:
             grown_of: list[tuple[str | None, float | None]] = [(None, None)] * len(new)
             if width:
-                # each stage's median over the window (the new gaps' steps' rows taken first)
-                by_stage = self.steps.last_t("stages", end.size, width)
-                at_gap = by_stage[:, [i for i, _ in new]].T
-                delta = at_gap - column_medians(by_stage, overwrite_input=True)
+                # each stage's median over the window (kept sorted as it slides), against
+                # the new gaps' steps' stages
+                lo = self.steps.n - end.size
+                at_gap = np.stack([self.steps.rows("stages", lo + i, lo + i + 1)[0, :width] for i, _ in new])
+                delta = at_gap - self._slide(seconds).stage_medians(end.size, width)
                 j = np.argmax(delta, axis=1)
                 grown_of = [(names[a], float(d[a] / 1e6)) if d[a] > 0 else (None, None)
                             for a, d in zip(j.tolist(), delta, strict=True)]  # fmt: skip

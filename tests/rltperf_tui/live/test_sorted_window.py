@@ -1,6 +1,7 @@
-"""The live window's sorted samples, slid forward between ticks, against numpy on a
-fresh copy of the window's rows (issue 21 §1: partitioning the whole window again for
-its percentiles at every tick was the largest numpy cost of the render tick)."""
+"""The live window's sorted samples (percentiles, idle-gap threshold, stage medians),
+slid forward between ticks, against numpy on a fresh copy of the window's rows (issue 21
+§1: partitioning the whole window again for its percentiles at every tick was the
+largest numpy cost of the render tick)."""
 
 from __future__ import annotations
 
@@ -135,6 +136,10 @@ def test_window_percentiles_and_threshold_slid_equal_numpy_on_the_windows_rows()
                 assert list(got.values()) == [None if v is None else float(v) for v in want]
             thr = max(1.0, 5 * float(np.median(gaps_ns[consec])) / 1e6) if consec.any() else 1.0
             assert st_.idle_gap_threshold_ms(sec) == thr
+            # the stage medians an idle gap's step is held against: every row, kept or not
+            stages = np.array([r.stage_ns for r in win], dtype=np.int64).reshape(len(win), 2)
+            got_med = st_.windows._slide(sec).stage_medians(len(win), 2)
+            assert got_med.tobytes() == np.median(stages, axis=0).astype(np.float64).tobytes()
             checked += 1
     assert checked > 20
 
