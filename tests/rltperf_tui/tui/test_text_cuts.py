@@ -14,7 +14,13 @@ from rltperf_tui.tui.app import MonitorApp
 from rltperf_tui.tui.widgets.panel import Panel
 from rltperf_tui.tui.widgets.step_timeline import StepTimeline
 from tests.conftest import free_ports
-from tests.rltperf_tui.tui._uihelpers import paused_with_records_arriving, replay_finished, replay_spec, sync
+from tests.rltperf_tui.tui._uihelpers import (
+    paused_with_records_arriving,
+    replay_finished,
+    replay_spec,
+    sync,
+    wait_for,
+)
 
 CUT_NUMBER = re.compile(r"[\d.]…")
 
@@ -75,8 +81,15 @@ async def test_the_quit_and_help_keys_are_whole_in_a_narrow_footer(kind: str, wi
     spec = replay_spec() if kind == "replay" else f"tcp://127.0.0.1:{free_ports()}"
     app = MonitorApp([spec], wait=True)
     async with app.run_test(size=(width, 24)) as pilot:
+
+        def keys_shown() -> list[FooterKey]:
+            return [k for k in app.query(FooterKey) if k.display and k.region.width > 0]
+
+        # the footer's keys come after its first layout: on a loaded .ci/run none was
+        # there after a fixed 0.5 s; then 0.5 s more for anything that would dock over them
+        await wait_for(pilot, lambda: {"quit", "help"} <= {k.action for k in keys_shown()}, what="the footer")
         await pilot.pause(0.5)
-        shown = [k for k in app.query(FooterKey) if k.display and k.region.width > 0]
+        shown = keys_shown()
         by_action = {k.action: k for k in shown}
         for action in ("quit", "help"):
             assert action in by_action, sorted(by_action)
