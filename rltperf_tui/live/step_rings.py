@@ -178,24 +178,6 @@ class Ring:
             return col[start:end]
         return np.concatenate((col[start:], col[:end]))
 
-    def last_t(self, name: str, k: int, width: int) -> np.ndarray:
-        """The newest ``k`` rows of a matrix column's first ``width`` columns, transposed:
-        one contiguous row a column, in one strided copy (the stage medians of a window
-        read 3 of the 24 stage columns; joining the ring's pieces at full width first
-        copied megabytes at every render tick)."""
-        col = self.cols[name]
-        k = min(k, len(self))
-        out = np.empty((width, max(k, 0)), dtype=col.dtype)
-        if k <= 0:
-            return out
-        start, end = self._newest(k)
-        if start >= 0:
-            out[:] = col[start:end, :width].T
-        else:
-            out[:, :-start] = col[start:, :width].T
-            out[:, -start:] = col[:end, :width].T
-        return out
-
 
 STEP_COLS: dict[str, tuple[Any, tuple[int, ...]]] = {
     "step_id": (np.int64, ()),

@@ -48,27 +48,3 @@ def test_a_wrapped_ring_is_searched_across_its_seam() -> None:
     assert [r.search("end", v) for v in (0, 30, 50, 55, 60, 70, 99)] == [0, 0, 2, 3, 3, 4, 5]
     assert [r.search("end", v, side="right") for v in (30, 50, 60, 70)] == [1, 3, 4, 5]
     assert r.oldest("end") == 30
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    cap=st.integers(1, 9),
-    rows=st.integers(0, 30),
-    k=st.integers(0, 12),
-    width=st.integers(1, 4),
-)
-def test_last_t_is_the_newest_rows_of_the_first_columns_transposed(
-    cap: int, rows: int, k: int, width: int
-) -> None:
-    """``Ring.last_t`` (the idle gaps' stage medians read 3 of 24 stage columns) equals
-    numpy's transpose of the kept rows, on rings wrapped anywhere, as a contiguous copy."""
-    r = Ring(cap, {"m": (np.int64, (4,))}, grow=False)
-    allrows = np.arange(rows * 4, dtype=np.int64).reshape(rows, 4) * 7 + 1
-    for i in range(0, rows, 2):
-        chunk = allrows[i : i + 2]
-        r.append({"m": chunk}, len(chunk))
-    kept = allrows[-cap:] if rows else allrows
-    want = kept[len(kept) - min(k, len(kept)) :, :width].T
-    got = r.last_t("m", k, width)
-    assert got.shape == want.shape and np.array_equal(got, want)
-    assert got.flags.c_contiguous and not np.shares_memory(got, r.cols["m"])
