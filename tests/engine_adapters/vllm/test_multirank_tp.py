@@ -246,6 +246,10 @@ def test_rltperfs_worker_capture_holds_both_ranks_traces_of_the_same_steps(
         ids.append(sorted(int(e["name"].split("#")[1]) for e in events
                           if str(e.get("name", "")).startswith("rltperf.step#")))  # fmt: skip
     assert ids[0] == ids[1] == c["step_ids"], ids
+    # the engine core's step records of those steps are in steps.jsonl, none missing
+    rows = [json.loads(x) for x in (bundle / "steps.jsonl").read_text().splitlines()]
+    assert [r["step_id"] for r in rows if r["window"] == "captured"] == c["step_ids"]
+    assert "steps_note" not in c, c
     r = _cli(tp2, "report", str(bundle))
     assert "2/2 ranks" in r.stdout, r.stdout[:3000]
 
