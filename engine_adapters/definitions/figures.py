@@ -356,20 +356,31 @@ def window_figures(
     if owned_lo is None:
         owned_lo = owned_from(start, end, int(start[0]) if start.size else w0)
     excl = (np.asarray(flags) & EXCLUDED_FLAGS) != 0
-    excluded_ns = float(_overlap(owned_lo[excl], end[excl], w0, w1).sum()) if excl.any() else 0.0
+    any_excl = bool(excl.any())
+    excluded_ns = float(_overlap(owned_lo[excl], end[excl], w0, w1).sum()) if any_excl else 0.0
     seconds = max(0.0, (w1 - w0 - excluded_ns) / 1e9)
     keep = ~excl
-    dur = np.maximum(end - start, 1)
+    span = end - start
     inside = _overlap(start, end, w0, w1)
     # a zero-length step inside the window counts whole
-    frac = np.where((end - start) > 0, inside / dur, ((start >= w0) & (end <= w1)).astype(np.float64))
-    frac = np.where(keep, frac, 0.0)
+    if span.size and span.min() > 0:  # (the usual case: the same fractions, fewer passes)
+        frac = inside / span
+    else:
+        frac = np.where(
+            span > 0, inside / np.maximum(span, 1), ((start >= w0) & (end <= w1)).astype(np.float64)
+        )
+    if any_excl:
+        frac = np.where(keep, frac, 0.0)
 
     def opt_sum(v: np.ndarray, seen: bool) -> float | None:
         v = np.asarray(v, dtype=np.float64)
-        known = ~np.isnan(v) & keep
+        known = ~np.isnan(v)
+        if any_excl:
+            known &= keep
         if not known.any():
             return 0.0 if seen else None
+        if known.all():  # every step known and kept: the same products, not gathered
+            return float((v * frac).sum())
         return float((v[known] * frac[known]).sum())
 
     busy_s = opt_sum(busy, reported[0])

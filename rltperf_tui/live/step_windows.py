@@ -215,9 +215,13 @@ class StepWindows:
         )
         keep = (flags & F.EXCLUDED_FLAGS) == 0
         n_keep = int(keep.sum())
+        whole = n_keep == n  # no excluded step: the kept rows are all the rows (no gathers)
+        # the gaps between kept steps are then every gap, the idle-gap threshold's samples
+        # (kept sorted as well) in ms: one sorted window slid instead of two
         dur = (end - start).astype(np.float64)
-        dur_k = dur[keep]
+        dur_k = dur if whole else dur[keep]
         slide = self._slide(seconds)
+        gap_ms = slide.sorted_gap_ns(n).astype(np.float64) / 1e6 if whole else slide.sorted_gap_ms(n)
         sums = slide.sums.get(self.steps, self.steps.n - n, self.steps.n)
         if n_keep < n:  # take the few excluded rows back out of the sliding sums
             sums = {c: v - col(c)[~keep].sum(axis=0, dtype=np.int64) for c, v in sums.items()}
@@ -225,10 +229,13 @@ class StepWindows:
         if n_keep:
             means = sums["stages"][: len(names)] / n_keep / 1e6 if names else np.zeros(0)
             stage_mean = {nm: float(v) for nm, v in zip(names, means, strict=False) if v > 0}
-        known = ~np.isnan(busy) & keep
+        known = ~np.isnan(busy) if whole else ~np.isnan(busy) & keep
         in_step_idle = None
-        if known.any() and dur[known].sum() > 0:
-            in_step_idle = F.idle_fraction(float(busy[known].sum()), float(dur[known].sum()))
+        if known.any():
+            busy_kn, dur_kn = (busy, dur) if known.all() else (busy[known], dur[known])
+            dur_s = float(dur_kn.sum())
+            if dur_s > 0:
+                in_step_idle = F.idle_fraction(float(busy_kn.sum()), dur_s)
         rf = roofline.window_roofline(
             total_bytes=fig.nbytes,
             total_flops=fig.flops,
@@ -239,15 +246,16 @@ class StepWindows:
         )
         req = self._request_figures(w0, fig, slo_ttft_ms, slo_tpot_ms)
         exit_list, mean_depth, loop_ms, loop_tk = loop_figures(sums, n_keep, max_loops)
-        drafts = int(col("drafts")[keep].sum())
-        drafted = int(col("drafted")[keep].sum())
-        accepted = int(col("accepted")[keep].sum())
+        drafts, drafted, accepted = (
+            int(col(c).sum(dtype=np.int64) if whole else col(c)[keep].sum(dtype=np.int64))
+            for c in ("drafts", "drafted", "accepted")
+        )
         return Window(
             seconds=float(seconds) if seconds is not None else fig.wall_s,
             span_s=fig.wall_s,
             steps=n_keep,
             step_ms=pct_sorted(slide.sorted_step_ms(n)),
-            gap_ms=pct_sorted(slide.sorted_gap_ms(n)),
+            gap_ms=pct_sorted(gap_ms),
             step_ms_mean=float(dur_k.mean() / 1e6) if n_keep else None,
             stage_ms_mean=stage_mean,
             idle_fraction=fig.idle_fraction,
@@ -276,9 +284,9 @@ class StepWindows:
             spec_accepted=accepted,
             acceptance_rate=accepted / drafted if drafted else None,
             mean_acceptance_len=1.0 + accepted / drafts if drafts else None,
-            profiled_steps=int(((flags & FLAG_PROFILED) != 0).sum()),
-            warmup_steps=int(((flags & FLAG_WARMUP) != 0).sum()),
-            exporting_steps=int(((flags & FLAG_EXPORTING) != 0).sum()),
+            profiled_steps=0 if whole else int(((flags & FLAG_PROFILED) != 0).sum()),
+            warmup_steps=0 if whole else int(((flags & FLAG_WARMUP) != 0).sum()),
+            exporting_steps=0 if whole else int(((flags & FLAG_EXPORTING) != 0).sum()),
             baseline_s=fig.seconds,
             excluded_s=fig.excluded_s,
             requests_excluded=req.excluded,

@@ -8,6 +8,7 @@ every rate.  The window is wall time (``engine_adapters.definitions.figures``).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from engine_adapters.definitions.figures import EXCLUDED_FLAGS, owned_from, window_figures
@@ -203,3 +204,47 @@ def test_a_stream_faster_than_the_ring_holds_reads_its_true_rate_and_idle() -> N
     assert slow.window_bounds(10.0)[0] == steps[0].start_ns
     ws = slow.window(10.0)
     assert ws.steps_per_s == pytest.approx(10_000, rel=1e-3) and not ws.ring_cut
+
+
+@pytest.mark.parametrize("case", ["all-known", "unknown-busy", "excluded", "zero-length"])
+def test_window_sums_are_the_same_bits_whether_or_not_a_step_is_left_out(case: str) -> None:
+    """``window_figures`` skips the gathers when every step is kept and known, and the
+    per-step case split when no step has zero length; the sums must be the bits of
+    Σ value × inside fraction over the known kept steps, by hand (numpy's own sum of the
+    gathered products), on windows that cut a step at either end and on ring views."""
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        n = int(rng.integers(50, 3000))
+        dur = rng.integers(200_000, 3_000_000, n)
+        gap = rng.integers(0, 500_000, n)
+        if case == "zero-length":
+            dur[rng.random(n) < 0.1] = 0
+        start = np.cumsum(dur + gap) - dur
+        end = start + dur
+        busy = dur * rng.uniform(0.3, 1.0, n)
+        nbytes = rng.uniform(1e6, 3e9, n)
+        flops = rng.uniform(1e9, 5e13, n)
+        tokens = rng.integers(1, 64, n)
+        flags = np.zeros(n, dtype=np.int32)
+        if case == "unknown-busy":
+            busy[rng.random(n) < 0.2] = np.nan
+        if case == "excluded":
+            flags[rng.random(n) < 0.05] = FLAG_PROFILED
+        # a view at an odd offset, as the ring hands out (not a fresh, aligned array)
+        pad = int(rng.integers(1, 7))
+        busy = np.concatenate((np.zeros(pad), busy))[pad:]
+        w0 = int(start[0] + (end[0] - start[0]) // 2) if trial % 2 else int(start[0])
+        w1 = int(end[-1] - (end[-1] - start[-1]) // 3) if trial % 3 else int(end[-1])
+        fig = window_figures(start=start, end=end, flags=flags, busy=busy, nbytes=nbytes, flops=flops,
+                             tokens=tokens, w0_ns=w0, w1_ns=w1, reported=(True, True, True))  # fmt: skip
+        keep = (flags & EXCLUDED_FLAGS) == 0
+        inside = np.clip(np.minimum(end, w1) - np.maximum(start, w0), 0, None)
+        whole = ((start >= w0) & (end <= w1)).astype(np.float64)
+        frac = np.where(end > start, inside / np.maximum(end - start, 1), whole)
+        frac = np.where(keep, frac, 0.0)
+        for got, v in ((fig.busy_s, busy), (fig.nbytes, nbytes), (fig.flops, flops)):
+            known = ~np.isnan(v) & keep
+            want = float((v[known] * frac[known]).sum())
+            assert got == (want / 1e9 if v is busy else want), (trial, case)
+        assert fig.steps == float(frac.sum())
+        assert fig.tokens == float((tokens.astype(np.float64) * frac).sum())
