@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import importlib
 import logging
+import os
 import sys
 from types import ModuleType
 from typing import NoReturn
@@ -45,6 +46,22 @@ r record, ? help, q quit.
 
 A command that seems stuck: kill -USR1 PID prints each of its threads' stacks to stderr.
 """
+
+
+BLAS_THREADED = frozenset({"demo", "engine", "bench", "calibrate"})
+"""Commands that run or start an engine, or measure the machine: their math libraries keep
+their own thread pools (``_one_blas_thread``)."""
+
+
+def _one_blas_thread(argv: list[str]) -> None:
+    """Every other command does no linear algebra, yet numpy's OpenBLAS starts a thread for
+    each other core at import, each spinning before it sleeps: 0.06 s of CPU more for
+    ``import numpy`` on 2 cores (0.14 against 0.08 s, 20 imports x 3), so on a 64-core
+    server a monitor's start would cost seconds of the cores it watches.  A user's own
+    ``OPENBLAS_NUM_THREADS`` wins.  Set before the command's module (numpy) is imported."""
+    cmd = next((a for a in argv if a == "--" or not a.startswith("-")), None)
+    if cmd not in BLAS_THREADED:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def _load(name: str) -> ModuleType | None:
@@ -100,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     if argv is None:
         _stacks_on_sigusr1()
+        _one_blas_thread(sys.argv[1:])
     parser = build_parser(_named_command(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     fast = argv is None and getattr(getattr(args, "_module", None), "EXIT_WITHOUT_TEARDOWN", False)

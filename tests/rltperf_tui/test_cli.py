@@ -88,3 +88,27 @@ def test_a_bad_monitor_option_is_one_sentence_before_any_connection(args: list[s
     """The option is refused before the target is tried (nothing listens at port 1)."""
     out = run_rltperf("attach", *args, "tcp://127.0.0.1:1")
     assert out.returncode == 2 and out.stderr.strip() == f"rltperf attach: error: {says}", out.stderr
+
+
+@pytest.mark.parametrize("command", ["summary", "engine"])
+def test_a_monitor_command_starts_no_idle_math_threads(command: str) -> None:
+    """numpy's OpenBLAS starts a thread per other core at import (each spins before it
+    sleeps: CPU taken from the server watched, at every command's start); a monitor
+    command runs numpy with one, an engine keeps the library's default."""
+    code = (
+        "import os, sys\n"
+        f"sys.argv = ['rltperf', '{command}', '--help']\n"
+        "import rltperf_tui.cli as c\n"
+        "try:\n    c.main()\nexcept SystemExit:\n    pass\n"
+        "import numpy\n"
+        "print(len(os.listdir('/proc/self/task')), os.environ.get('OPENBLAS_NUM_THREADS'), file=sys.stderr)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True
+    )
+    threads, setting = out.stderr.split()[-2:]
+    if command == "engine":
+        assert setting == "None"  # the library's default pool (a thread per core, up to its maximum)
+    else:
+        assert (int(threads), setting) == (1, "1")
