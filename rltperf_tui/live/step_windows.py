@@ -403,8 +403,9 @@ class StepWindows:
         stage_names: list[str] | None = None,
     ) -> list[IdleGap]:
         """Gaps between consecutive steps over the threshold, newest first, each with the
-        stage that grew most in the step before it, against that stage's median over the
-        window when the gap was first listed (kept for the gap from then on: a window's
+        stage that grew most in the step before it (over that stage's median, among the
+        stages over it by more than twice their P99's distance from it: None when none
+        was), over the window when the gap was first listed (kept for the gap from then on: a window's
         stage medians at every tick were most of the tick's cost while a gap was listed).
 
         Default threshold: max(1 ms, 5 × the median gap).
@@ -432,7 +433,12 @@ class StepWindows:
                 # the new gaps' steps' stages
                 lo = self.steps.n - end.size
                 at_gap = np.stack([self.steps.rows("stages", lo + i, lo + i + 1)[0, :width] for i, _ in new])
-                delta = at_gap - self._slide(seconds).stage_medians(end.size, width)
+                med, p99 = self._slide(seconds).stage_medians(end.size, width)
+                # a stage grew when it ran over its median by more than twice as far as the
+                # window's P99 lies over it: one within its usual spread explains no gap (a
+                # sleep between steps named the stage that ran 0.02 ms over its median)
+                over = at_gap - med
+                delta = np.where(over > 2 * (p99 - med), over, -np.inf)
                 j = np.argmax(delta, axis=1)
                 grown_of = [(names[a], float(d[a] / 1e6)) if d[a] > 0 else (None, None)
                             for a, d in zip(j.tolist(), delta, strict=True)]  # fmt: skip
