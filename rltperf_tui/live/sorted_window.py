@@ -92,7 +92,7 @@ class WindowSlide:
     - ``gap_ns``: the gaps (ns) between consecutive step ids, kept or not, for the
       idle-gap threshold;
     - ``stage_ns``: each stage column (ns) of every row, for the stage medians an idle
-      gap's step is held against (``stage_medians``)."""
+      gap's step is held against, and their P99s (``stage_median_p99``)."""
 
     def __init__(self, steps: Ring) -> None:
         self.steps = steps
@@ -143,7 +143,7 @@ class WindowSlide:
         hi = self.steps.n
         return self.gap_ns.get(self.oldest(), min(hi, hi - n + 1), hi)
 
-    def stage_medians(self, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    def stage_median_p99(self, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         """The median and the P99 (ns, float64) of each of the first ``width`` stage
         columns over the newest ``n`` rows, every row: ``np.median`` and ``np.percentile``
         of the window's stage matrix, to the bit, read off the same sorted columns.  At

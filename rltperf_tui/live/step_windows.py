@@ -216,11 +216,11 @@ class StepWindows:
         keep = (flags & F.EXCLUDED_FLAGS) == 0
         n_keep = int(keep.sum())
         whole = n_keep == n  # no excluded step: the kept rows are all the rows (no gathers)
-        # the gaps between kept steps are then every gap, the idle-gap threshold's samples
-        # (kept sorted as well) in ms: one sorted window slid instead of two
         dur = (end - start).astype(np.float64)
         dur_k = dur if whole else dur[keep]
         slide = self._slide(seconds)
+        # with no excluded step the gaps between kept steps are every gap: the idle-gap
+        # threshold's samples (kept sorted as well) in ms, one sorted window slid, not two
         gap_ms = slide.sorted_gap_ns(n).astype(np.float64) / 1e6 if whole else slide.sorted_gap_ms(n)
         sums = slide.sums.get(self.steps, self.steps.n - n, self.steps.n)
         if n_keep < n:  # take the few excluded rows back out of the sliding sums
@@ -405,8 +405,9 @@ class StepWindows:
         """Gaps between consecutive steps over the threshold, newest first, each with the
         stage that grew most in the step before it (over that stage's median, among the
         stages over it by more than twice their P99's distance from it: None when none
-        was), over the window when the gap was first listed (kept for the gap from then on: a window's
-        stage medians at every tick were most of the tick's cost while a gap was listed).
+        was), over the window when the gap was first listed (kept for the gap from then
+        on: a window's stage medians at every tick were most of the tick's cost while a gap
+        was listed).
 
         Default threshold: max(1 ms, 5 × the median gap).
         """
@@ -433,7 +434,7 @@ class StepWindows:
                 # the new gaps' steps' stages
                 lo = self.steps.n - end.size
                 at_gap = np.stack([self.steps.rows("stages", lo + i, lo + i + 1)[0, :width] for i, _ in new])
-                med, p99 = self._slide(seconds).stage_medians(end.size, width)
+                med, p99 = self._slide(seconds).stage_median_p99(end.size, width)
                 # a stage grew when it ran over its median by more than twice as far as the
                 # window's P99 lies over it: one within its usual spread explains no gap (a
                 # sleep between steps named the stage that ran 0.02 ms over its median)

@@ -138,7 +138,7 @@ def test_window_percentiles_and_threshold_slid_equal_numpy_on_the_windows_rows()
             assert st_.idle_gap_threshold_ms(sec) == thr
             # the stage medians an idle gap's step is held against: every row, kept or not
             stages = np.array([r.stage_ns for r in win], dtype=np.int64).reshape(len(win), 2)
-            got_med, got_p99 = st_.windows._slide(sec).stage_medians(len(win), 2)
+            got_med, got_p99 = st_.windows._slide(sec).stage_median_p99(len(win), 2)
             assert got_med.tobytes() == np.median(stages, axis=0).astype(np.float64).tobytes()
             assert got_p99.tobytes() == np.percentile(stages, 99, axis=0).astype(np.float64).tobytes()
             checked += 1
