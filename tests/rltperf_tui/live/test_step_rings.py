@@ -48,3 +48,46 @@ def test_a_wrapped_ring_is_searched_across_its_seam() -> None:
     assert [r.search("end", v) for v in (0, 30, 50, 55, 60, 70, 99)] == [0, 0, 2, 3, 3, 4, 5]
     assert [r.search("end", v, side="right") for v in (30, 50, 60, 70)] == [1, 3, 4, 5]
     assert r.oldest("end") == 30
+
+
+_ROW = st.one_of(st.none(), st.lists(st.integers(0, 2**31 - 1), max_size=20))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    cap=st.integers(1, 9),
+    batches=st.lists(
+        st.lists(st.tuples(_ROW, _ROW, _ROW, _ROW), min_size=1, max_size=6).map(
+            # some batches with one length per field (the fast path), some ragged
+            lambda b: b if len(b) % 2 else [b[0]] * len(b)
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_the_stage_and_depth_lists_land_in_the_ring_zero_padded_and_cut_to_its_width(
+    cap: int, batches: list[list[tuple[list[int] | None, ...]]]
+) -> None:
+    """Whatever lengths a batch's lists have (one length per field converts in one pass,
+    ragged or None rows one field at a time), each kept step's row of the ring is its
+    list cut to the column's width and padded with zeros, also where the slot last held a
+    longer row (the ring wrapped)."""
+    from engine_adapters.definitions.records import StepRecord
+    from rltperf_tui.live.step_rings import STEP_COLS, step_columns
+
+    ring = Ring(cap, STEP_COLS, grow=False)
+    sent: list[tuple[list[int] | None, ...]] = []
+    sid = 0
+    for b in batches:
+        steps = []
+        for stage, exits, loop, ltok in b:
+            steps.append(StepRecord(step_id=sid, start_ns=sid, end_ns=sid + 1, stage_ns=stage or [],
+                                    exit_hist=exits, loop_ns=loop, loop_tokens=ltok))  # fmt: skip
+            sent.append((stage or [], exits, loop, ltok))
+            sid += 1
+        cols, _ = step_columns(steps)
+        ring.append(cols, len(steps))
+    for j, name in enumerate(("stages", "exit", "loop_ns", "loop_tokens")):
+        width = STEP_COLS[name][1][0]
+        plain = [((row or []) + [0] * width)[:width] for row in (s[j] for s in sent[-cap:])]
+        assert ring.last(name).tolist() == plain, name
