@@ -60,6 +60,7 @@ class StepWindows:
         steps then reads 0, not unknown)."""
         self._timeline: TimelineSums | None = None
         self._slides: dict[float | None, WindowSlide] = {}
+        self._rows_for: tuple[tuple[float | None, int, int, int | None], int] | None = None  # _window_rows'
         self._grown: dict[tuple[float, int, int], tuple[str | None, float | None]] = {}
         """(window, stages, step id) -> the stage that grew most before an idle gap after
         that step, and by how much (``idle_gaps``)."""
@@ -127,11 +128,15 @@ class StepWindows:
 
     def _window_rows(self, seconds: float | None) -> int:
         """How many of the newest kept steps end inside the window of the last ``seconds``
-        (None: all kept)."""
+        (None: all kept); found again only once a step came or the clock moved."""
+        key = (seconds, self.steps.n, self.clock.vouched_ns, self.clock.first_ns)
+        if self._rows_for is not None and self._rows_for[0] == key:
+            return self._rows_for[1]
         rows = len(self.steps)
         if rows and seconds is not None:
             w0, _ = self.bounds(seconds)
             rows -= self.steps.search("end", w0, side="right")
+        self._rows_for = (key, rows)
         return rows
 
     def _window_cols(self, seconds: float | None, rows: int | None = None) -> Any:

@@ -86,7 +86,7 @@ class TargetColumn(VerticalScroll):
                 )
             except NoMatches:  # not composed yet, or being taken down
                 return d
-        tl, dev, tr = (p.content_size for p in self._sized)
+        tl, dev, tr = (p.inner_size() for p in self._sized)
         return ViewSize(
             timeline_cols=timeline_columns(tl.width) if tl.width > 0 else d.timeline_cols,
             idle_gap_rows=gap_rows(dev.height) if dev.height > 0 else d.idle_gap_rows,
