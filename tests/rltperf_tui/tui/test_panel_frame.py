@@ -293,3 +293,25 @@ async def test_a_paused_display_writes_the_status_row_framed_by_the_bar_itself(
         rows = [_written_line(u, 0) for u in updates if u.chops[0]]
         assert any(f"+{bar.info.paused_records:,} records arrived" in r for r in rows), rows
         assert "StatusBar" not in through_textual, through_textual
+
+
+@sync
+async def test_after_the_terminal_shrinks_and_grows_back_every_panel_draws_at_its_new_size() -> None:
+    """A panel keeps its content size between layouts (``Panel.inner_size``: Textual's
+    ``content_size`` looks the panel up in the screen's map, ~18 µs a call, 19 calls a
+    render tick).  After the terminal shrinks and after it grows back, every shown
+    panel's kept size, the size its rows were built for, and its rows are Textual's own."""
+    app = MonitorApp([replay_spec()])
+    async with app.run_test(size=(140, 44)) as pilot:
+        await replay_finished(pilot)
+        for w, h in ((100, 30), (140, 44)):
+            await pilot.resize_terminal(w, h)
+            await pilot.pause(0.3)
+            await drawn_at_final_size(pilot)
+            await pilot.pause()
+            for panel in app.query(Panel):
+                if panel.display and panel.outer_size.area:
+                    size = panel.content_size
+                    assert (panel.inner_size(), panel._built_for) == (size, (size.width, size.height)), (
+                        type(panel).__name__, (w, h))  # fmt: skip
+            assert _check_every_panel(app) >= 5
