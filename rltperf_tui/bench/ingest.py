@@ -320,17 +320,31 @@ def tui_cost(duration: float, rate: float, refresh: float, warmup: float = WARMU
                 break
             time.sleep(0.05)
         start_s = time.monotonic() - t_start
+
+        def still_running() -> None:
+            # an ended process runs no more: its CPU over the seconds measured would read
+            # 0, which is no figure (a fresh-clone run of the suite once read exactly 0.0)
+            if child.poll() is not None:
+                text = tail.decode("utf-8", "replace")
+                raise RuntimeError(
+                    f"the monitor process ended (exit {child.returncode}) before the {duration:g} s "
+                    f"measured were over; its terminal ended with:\n{text}"
+                )
+
         time.sleep(warmup)
+        still_running()
         rss0 = proc.memory_info().rss
         c0, e0 = proc_cpu_s(child.pid), proc_cpu_s(eng.pid)
         t0 = time.monotonic()
         rss_samples = []
         while time.monotonic() - t0 < duration:
             time.sleep(min(5.0, duration - (time.monotonic() - t0)) if duration > 5 else duration)
+            still_running()
             rss_samples.append(proc.memory_info().rss)
         wall = time.monotonic() - t0
         c1, e1 = proc_cpu_s(child.pid), proc_cpu_s(eng.pid)
         rss1 = proc.memory_info().rss
+        still_running()
         os.write(master, b"q")
         child.wait(30)
         try:
@@ -408,6 +422,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from rltperf_tui.bench.metrics_ingest import metrics_only_cost
 
         res["metrics_only"] = metrics_only_cost(args.metrics_target, args.metrics_duration, args.metrics_hz)
+        from rltperf_tui.bench.peers import screen_beside_htop
+
         res["screen"] = screen_beside_htop(args.metrics_target, args.metrics_duration, args.htop)
     else:
         res["metrics_only"] = {
@@ -452,48 +468,13 @@ def print_text(r: dict[str, Any]) -> None:
               f"(max {t['tui_rss_mb_max']:.1f})")  # fmt: skip
         if t.get("problem"):
             print(f"  PROBLEM: {t['problem']}")
+    from rltperf_tui.bench import peers
+
     if r.get("baseline"):
-        _print_baseline(r["baseline"])
+        peers.print_baseline(r["baseline"])
     if r.get("screen"):
-        _print_screen(r["screen"])
+        peers.print_screen(r["screen"])
     from rltperf_tui.bench.metrics_ingest import print_metrics_only
 
     print_metrics_only(r.get("metrics_only"))
     print("OK" if r["ok"] else "TARGET MISSED")
-
-
-def screen_beside_htop(target: str, duration: float, htop: str | None) -> dict[str, Any]:
-    """The screen's CPU on ``target`` beside vllm-htop's, same period (``bench.peers``, one round)."""
-    from rltperf_tui.bench import peers
-
-    ns = argparse.Namespace(target=target, duration=duration, warmup=30.0, rounds=1, interval=0.5,
-                            htop=htop, baseline_root=None, size="160x48")  # fmt: skip
-    return peers.run(ns)
-
-
-def _print_baseline(b: dict[str, Any]) -> None:
-    """The this-checkout-beside-another lines of ``print_text``: ``bench peers``'s own."""
-    from rltperf_tui.bench import peers
-
-    if b.get("measured", True):
-        print(
-            f"this checkout's screen beside the baseline's, on one loop engine at {b['engine_rate_steps_per_s']:g} steps/s:"
-        )
-    peers.print_text(b)
-
-
-def _print_screen(p: dict[str, Any]) -> None:
-    """The screen-beside-vllm-htop lines of ``print_text``."""
-    if not p.get("measured", True):
-        print(f"screen on {p.get('target', '/metrics')}: not measured ({p['why']})")
-        return
-    mons = p["monitors"]
-    ours = mons["rltperf"]["cpu_fraction_median"]
-    line = f"screen (160x48 tmux pane) on {p['target']}, {p['duration_s']:g} s: rltperf CPU {ours:.2%} of one core"
-    htop = mons.get("vllm-htop")
-    if htop is not None and htop["cpu_fraction_median"] is not None:
-        line += f", vllm-htop (--interval {p['htop_interval_s']:g}) {htop['cpu_fraction_median']:.2%}"
-        line += f" (rltperf / vllm-htop {htop['rltperf_over_this_median']:.2f})"
-    else:
-        line += f"; vllm-htop not compared: {p['htop_missing']}"
-    print(line)

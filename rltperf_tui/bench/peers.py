@@ -270,3 +270,36 @@ def print_text(r: dict[str, Any]) -> None:
         print(f"  note: {n}")
     if not r["htop_missing"]:
         print("OK (no more CPU than vllm-htop)" if r["ok"] else "rltperf used more CPU than vllm-htop")
+
+
+def screen_beside_htop(target: str, duration: float, htop: str | None) -> dict[str, Any]:
+    """``bench ingest``'s screen on ``target`` beside vllm-htop's, the same period (one round)."""
+    ns = argparse.Namespace(target=target, duration=duration, warmup=30.0, rounds=1, interval=0.5,
+                            htop=htop, baseline_root=None, size="160x48")  # fmt: skip
+    return run(ns)
+
+
+def print_baseline(b: dict[str, Any]) -> None:
+    """``bench ingest``'s this-checkout-beside-another lines: ``bench peers``'s own."""
+    if b.get("measured", True):
+        print(
+            f"this checkout's screen beside the baseline's, on one loop engine at {b['engine_rate_steps_per_s']:g} steps/s:"
+        )
+    print_text(b)
+
+
+def print_screen(p: dict[str, Any]) -> None:
+    """``bench ingest``'s screen-beside-vllm-htop lines."""
+    if not p.get("measured", True):
+        print(f"screen on {p.get('target', '/metrics')}: not measured ({p['why']})")
+        return
+    mons = p["monitors"]
+    ours = mons["rltperf"]["cpu_fraction_median"]
+    line = f"screen (160x48 tmux pane) on {p['target']}, {p['duration_s']:g} s: rltperf CPU {ours:.2%} of one core"
+    htop = mons.get("vllm-htop")
+    if htop is not None and htop["cpu_fraction_median"] is not None:
+        line += f", vllm-htop (--interval {p['htop_interval_s']:g}) {htop['cpu_fraction_median']:.2%}"
+        line += f" (rltperf / vllm-htop {htop['rltperf_over_this_median']:.2f})"
+    else:
+        line += f"; vllm-htop not compared: {p['htop_missing']}"
+    print(line)

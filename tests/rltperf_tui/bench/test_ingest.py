@@ -30,6 +30,28 @@ def test_monitor_cost_run_reports_the_stream_and_leaves_no_folder(
     assert list(tmp_path.iterdir()) == []  # the engine's snapshot folder and tui.json are gone
 
 
+_GONE_CHILD = """
+import json, sys
+json.dump({"records": 0, "steps": 0, "dropped": 0, "ticks": 0, "state": "gone"}, open(sys.argv[2], "w"))
+print("monitor started, then crashed", flush=True)
+"""
+
+
+def test_a_monitor_that_ended_before_the_measurement_did_is_an_error_not_a_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU figure is the monitor process's run time over the seconds measured; a
+    process that ended meanwhile ran none of them, and the run returned
+    ``tui_cpu_fraction`` 0.0 as if it were a figure (a fresh-clone run of the suite on
+    2026-12-07 read exactly 0.0, cause unknown: this is one way to get it).  The run now
+    says the monitor ended, with its terminal's last words."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("RLTPERF_BENCH_CHILD", _GONE_CHILD)
+    with pytest.raises(RuntimeError, match=r"(?s)monitor process ended \(exit 0\).*started, then crashed"):
+        tui_cost(duration=1.0, rate=50.0, refresh=2.0, warmup=0.5)
+    assert list(tmp_path.iterdir()) == []  # the engine and its folder are gone all the same
+
+
 def test_beside_a_baseline_both_screens_watch_one_engine_and_the_ratio_is_theirs(tmp_path: Path) -> None:
     """``--baseline-root``: this checkout's screen and another's (here: this one again) on
     one paced engine over the same seconds; the ratio is the two figures', and vllm-htop,
