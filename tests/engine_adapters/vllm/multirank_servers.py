@@ -32,6 +32,11 @@ from vllm_fixtures import MODEL_NAME, ROOT, Server, cache_env, free_ports, launc
 from engine_adapters.monitor.vllm.metrics import parse_scrape
 from tests.conftest import run_queue_s
 
+XDIST_GROUP = "vllm-multirank"
+"""The pytest-xdist group of the TP 2 and DP 2 modules (each starts a server of its own):
+one worker runs both, one after the other, beside the worker of the shared servers
+(``vllm_servers``): the README's ``-n 3`` run took 546 s of pytest instead of 588 s
+the same day, all passing."""
 PASSES = 4
 LAYERS = tiny_ouro.LAYERS
 THRESHOLD = 0.6

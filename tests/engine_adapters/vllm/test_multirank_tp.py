@@ -36,7 +36,8 @@ from engine_adapters.monitor.replay import ReplayAdapter
 from engine_adapters.monitor.tcp import ProbeAdapter
 from tests.conftest import finish_cli, run_cli
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# on a worker of their own beside the shared servers' (multirank_servers.XDIST_GROUP)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group(M.XDIST_GROUP)]
 _why = vllm_missing_reason() or plugin_missing_reason()
 if _why:
     pytest.skip(_why, allow_module_level=True)

@@ -157,6 +157,11 @@ def test_in_a_parallel_run_one_worker_runs_every_kind_user_in_order(tmp_path: Pa
     (tmp_path / "test_own.py").write_text(
         "import pytest\npytestmark = pytest.mark.vllm\ndef test_own_1():\n    pass\ndef test_own_2():\n    pass\n"
     )
+    # one that names a group of its own keeps it (the TP 2 and DP 2 modules' worker)
+    (tmp_path / "test_grouped.py").write_text(
+        _TRACK + "import pytest\npytestmark = [pytest.mark.vllm, pytest.mark.xdist_group('multi')]\n"
+        "def test_g1():\n    track('g1')\n"
+    )
     p = _pytest(tmp_path, "-n", "3", "--dist", "loadgroup", env={"TRACE": str(trace)})
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
@@ -164,6 +169,8 @@ def test_in_a_parallel_run_one_worker_runs_every_kind_user_in_order(tmp_path: Pa
     kind_rows = [r for r in rows if r[0] in group]
     assert [r[0] for r in kind_rows] == group, rows
     assert len({r[1] for r in kind_rows}) == 1 and kind_rows[0][1], rows  # one worker
+    assert "PASSED test_grouped.py::test_g1@multi" in p.stdout, p.stdout
+    assert "test_own.py::test_own_1@vllm-servers" in p.stdout, p.stdout
     dirs: dict[str, set[str]] = {}
     for _, worker, runtime, _cache in rows:
         dirs.setdefault(worker, set()).add(runtime)

@@ -51,9 +51,11 @@ Every test that uses a kind, and every other test marked ``vllm`` (those start a
 of their own: the TP 2 and DP 2 modules, the plugin checks), is also marked
 ``xdist_group("vllm-servers")``, so pytest-xdist sends all of them, in the order above,
 to one worker: that worker's pool is the only one, no server starts twice, at most two
-are up at once and never on two workers, while the other workers run the rest of the
-suite, a module at a time (each other test's group is its module, so a module-scoped
-engine starts once).  Each worker has its own
+are up at once, while the other workers run the rest of the suite, a module at a time
+(each other test's group is its module, so a module-scoped engine starts once).  A
+``vllm`` test using no kind that names a group of its own keeps it: the TP 2 and DP 2
+modules (``multirank_servers.XDIST_GROUP``) run on one other worker, one after the
+other, beside the shared servers (the group's setups alone were ~350 s of one worker).  Each worker has its own
 announcement directory, so a test elsewhere never sees the servers of this group.  The
 servers' start counts of every worker are summed in the final summary.
 
@@ -319,12 +321,14 @@ class _Marks:
         for item in items:
             kinds = _kinds_of(item)
             if kinds or item.get_closest_marker("vllm") is not None:
-                # a vllm test using no kind starts a server of its own (a TP 2 or DP 2
-                # module's, a plugin check's): beside the group's, two servers would share
-                # the cores and a loaded one's clients time out
+                # a vllm test using no kind starts a server of its own (a plugin check's):
+                # beside the group's, two servers would share the cores.  One that names
+                # a group of its own keeps it (the TP 2 and DP 2 modules: one worker
+                # runs them beside the shared servers' worker, multirank_servers.XDIST_GROUP)
                 if kinds:
                     item.add_marker(pytest.mark.vllm)
-                item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
+                if kinds or item.get_closest_marker("xdist_group") is None:
+                    item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
             elif item.get_closest_marker("xdist_group") is None:
                 item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
