@@ -349,10 +349,21 @@ def _private_calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iter
         os.environ["RLTPERF_CACHE"] = old
 
 
+LOOP_PACE = ["--rate", "500"]
+"""The pace of a test loop engine whose test needs steps flowing, not as many as a core
+makes: unpaced, the loop keeps a whole core busy for as long as it runs, beside the
+other workers' tests on the 2 cores (500 steps/s: ~20 % of a core; 1,000: 34 %; 200:
+11 %, measured per thread from ``/proc`` after the warm-up).  A test that needs the
+loop's full speed (a stalled subscriber's queue must overflow) starts its own."""
+
+
 @pytest.fixture
 def loop_engine(tmp_path: Path) -> Iterator[EngineProc]:
-    """The test torch loop with a probe on a free port, snapshots under tmp_path."""
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(tmp_path / "snapshots")])
+    """The test torch loop with a probe on a free port, snapshots under tmp_path, paced
+    (``LOOP_PACE``)."""
+    eng = start_engine(
+        [str(LOOP_ENGINE), "--duration", "120", *LOOP_PACE, "--snapshots", str(tmp_path / "snapshots")]
+    )
     try:
         yield eng
     finally:

@@ -19,15 +19,15 @@ import pytest
 from engine_adapters.definitions.contract import CONTRACT_FIELDS
 from engine_adapters.definitions.records import CaptureDone, CaptureFailed, Refused, StepRecord
 from engine_adapters.monitor.tcp import ProbeAdapter
-from tests.conftest import LOOP_ENGINE, run_rltperf, start_engine, tmpfs_mount
+from tests.conftest import LOOP_ENGINE, LOOP_PACE, run_rltperf, start_engine, tmpfs_mount
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    # The loop engine unpaced keeps a core busy from its first user to the module's end:
-    # the tests that start engines of their own come before its users.
+    # paced (LOOP_PACE): it runs from its first user to the module's end; the tests that
+    # start engines of their own come before its users
     snaps = tmp_path_factory.mktemp("snaps")
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "300", "--snapshots", str(snaps)])
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "300", *LOOP_PACE, "--snapshots", str(snaps)])
     eng.snapshots = snaps  # type: ignore[attr-defined]
     yield eng
     eng.stop()
@@ -39,7 +39,9 @@ def _trace_events(bundle: Path) -> list[dict]:
 
 
 def test_unwarmed_profiler_flags_the_capture_cold(tmp_path):
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--snapshots", str(tmp_path), "--no-warm"])
+    eng = start_engine(
+        [str(LOOP_ENGINE), "--duration", "60", *LOOP_PACE, "--snapshots", str(tmp_path), "--no-warm"]
+    )
     try:
         out = run_rltperf("capture", eng.target, "--steps", "3", "--mode", "ops", "--json")
         assert out.returncode == 0, out.stderr
@@ -61,7 +63,9 @@ def test_capture_into_unwritable_root_fails_clearly_and_engine_runs(tmp_path, ki
         if not mounted:
             pytest.skip("cannot make a read-only / tiny file system here (needs root and mount)")
     try:
-        eng = start_engine([str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(root), "--dim", "512"])
+        eng = start_engine(
+            [str(LOOP_ENGINE), "--duration", "120", *LOOP_PACE, "--snapshots", str(root), "--dim", "512"]
+        )
         try:
             out = run_rltperf("capture", eng.target, "--steps", "20", "--mode", "full")
             assert out.returncode == 1
@@ -83,7 +87,7 @@ def test_in_thread_export_fallback_writes_the_same_bundle(tmp_path):
     """Without fork (``RLTPERF_EXPORT_FORK=0``, or when the child dies) the export runs
     in the engine's thread as before: slower for the engine, the same bundle."""
     eng = start_engine(
-        [str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(tmp_path)],
+        [str(LOOP_ENGINE), "--duration", "120", *LOOP_PACE, "--snapshots", str(tmp_path)],
         env={"RLTPERF_EXPORT_FORK": "0"},
     )
     try:

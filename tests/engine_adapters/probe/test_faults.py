@@ -23,7 +23,7 @@ from engine_adapters.definitions.wire import encode
 from engine_adapters.monitor.base import AdapterConnectionError
 from engine_adapters.monitor.tcp import ProbeAdapter
 from rltperf_tui.analysis.summary import load_recording
-from tests.conftest import LOOP_ENGINE, ROOT, run_s, start_engine
+from tests.conftest import LOOP_ENGINE, LOOP_PACE, ROOT, run_s, start_engine
 
 
 def _cpu_s(pid: int, tid: int | None = None) -> float:
@@ -104,8 +104,21 @@ class Pace:
         return bad
 
 
+@pytest.fixture
+def unpaced_loop_engine(tmp_path):
+    """The loop at full speed: 8 s of a stalled subscriber must overflow its queue
+    (``DATA_QUEUE_RECORDS``) and the socket buffers, more records than a paced loop
+    (``LOOP_PACE``) makes in that time."""
+    eng = start_engine([str(LOOP_ENGINE), "--duration", "120", "--snapshots", str(tmp_path / "snapshots")])
+    try:
+        yield eng
+    finally:
+        eng.stop()
+
+
 @pytest.mark.slow
-def test_stalled_subscriber_loses_oldest_and_never_slows_the_engine(loop_engine, tmp_path):
+def test_stalled_subscriber_loses_oldest_and_never_slows_the_engine(unpaced_loop_engine, tmp_path):
+    loop_engine = unpaced_loop_engine
     rec = tmp_path / "stalled.rltrec"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     sub = subprocess.Popen(
@@ -210,7 +223,9 @@ def test_token_required_off_loopback_and_checked():
 def test_engine_restart_shows_reconnecting_then_resumes(tmp_path):
     from engine_adapters.definitions.records import SessionEvent
 
-    eng = start_engine([str(LOOP_ENGINE), "--duration", "60", "--snapshots", str(tmp_path), "--no-warm"])
+    eng = start_engine(
+        [str(LOOP_ENGINE), "--duration", "60", *LOOP_PACE, "--snapshots", str(tmp_path), "--no-warm"]
+    )
     port = eng.address.rsplit(":", 1)[1]
     s = ProbeAdapter(eng.target).connect()
     states = []
@@ -230,6 +245,7 @@ def test_engine_restart_shows_reconnecting_then_resumes(tmp_path):
                 "60",
                 "--listen",
                 f"127.0.0.1:{port}",
+                *LOOP_PACE,
                 "--snapshots",
                 str(tmp_path),
                 "--no-warm",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import LOOP_ENGINE, start_engine
+from tests.conftest import LOOP_ENGINE, LOOP_PACE, start_engine
 
 STEPS = 300
 
@@ -177,6 +177,7 @@ def test_prometheus_counts_captures(tmp_path: Path) -> None:
             str(LOOP_ENGINE),
             "--duration",
             "60",
+            *LOOP_PACE,
             "--snapshots",
             str(tmp_path / "snaps"),
             "--prometheus-port",
