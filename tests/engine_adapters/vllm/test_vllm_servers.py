@@ -184,3 +184,27 @@ def test_in_a_parallel_run_one_worker_runs_every_kind_user_in_order(tmp_path: Pa
     _, pids = _server_pids(trace)
     assert all(len(v) == 1 for v in pids.values()), pids  # one start per kind
     assert "shared vLLM servers started: fake_a x1, fake_b x1" in p.stdout, p.stdout
+
+
+def test_a_stopped_servers_shared_memory_files_go_and_a_live_ones_stay(tmp_path: Path) -> None:
+    """``remove_left_shm`` (run by ``Server.stop``): of the ``vllm_`` files made since the
+    start, those no live process maps go; a mapped one (a server still running) and one
+    older than the start stay.  The folder stands in for ``/dev/shm``."""
+    import mmap
+    import time
+
+    from vllm_fixtures import remove_left_shm
+
+    old = tmp_path / "vllm_dist_old-tp:0-[0-1]-cpushm_0"
+    old.write_bytes(b"\0" * 4096)
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    since = time.time() - 1
+    left = tmp_path / "vllm_dist_a-tp:0-[0-1]-cpushm_0"
+    live = tmp_path / "vllm_dist_b-tp:0-[0-1]-cpushm_0"
+    other = tmp_path / "not_vllm"
+    for f in (left, live, other):
+        f.write_bytes(b"\0" * 4096)
+    with open(live, "r+b") as fh, mmap.mmap(fh.fileno(), 4096):
+        gone = remove_left_shm(since, tmp_path)
+    assert gone == [left.name]
+    assert sorted(f.name for f in tmp_path.iterdir()) == sorted([old.name, live.name, other.name])
