@@ -68,8 +68,16 @@ class Demo:
         deadline = time.monotonic() + timeout
         while not re.search(pattern, self.screen_text()):
             if time.monotonic() > deadline or self.proc.poll() is not None:
-                tail = bytes(self.out[-3000:]).decode("utf-8", "replace")
-                raise AssertionError(f"{pattern!r} never appeared on the screen; it ended with:\n{tail}")
+                # (a CI run once missed "rltperf live" for 90 s with the screen drawing
+                # live data; what the bytes held around the bar was not kept then)
+                raw = bytes(self.out)
+                head = raw[:1500].decode("utf-8", "replace")
+                tail = raw[-3000:].decode("utf-8", "replace")
+                raise AssertionError(
+                    f"{pattern!r} never appeared on the screen (demo exit status {self.proc.poll()}, "
+                    f"{len(raw)} bytes, b'rltperf' {raw.count(b'rltperf')} times); it began with:\n{head!r}\n"
+                    f"and ended with:\n{tail}"
+                )
             time.sleep(0.2)
 
     def close(self) -> None:
