@@ -56,9 +56,10 @@ class FakeRapl:
         # in two quarters of an 80 W recording, and the gate called the doubling "drift";
         # another read 35.8 W of 40 over 8 s.  This thread alone runs at nice -10 where
         # allowed (Linux: a thread id is a task), so it takes a core promptly when its 20 ms
-        # are up, and the tree is on tmpfs (``rapl_root``): on ext4 a loaded disk held a
-        # rename for up to 0.14 s (a writer like this one beside a 4 GB ``dd``, against
-        # 4.5 ms on /dev/shm).  ``stale_s`` keeps the worst, for the assertions' messages.
+        # are up, and the tree is on tmpfs (``rapl_root``): beside three CPU hogs and a
+        # ``dd`` loop this file was up to 0.64-0.79 s stale on ext4 (B read 81.7-83.8 W),
+        # 0.03-0.04 s on /dev/shm (79.8-79.9 W).  ``stale_s`` keeps the worst, for the
+        # assertions' messages.
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -10)
         while not self._stop.wait(0.02):
