@@ -210,11 +210,18 @@ class Panel(Widget):
         """``content_size``, found again only when the panel's outer size (set as the
         screen is laid out) or its styles (padding, border) changed: Textual's looks the
         panel up in the screen's map at each call, ~18 µs, and a render tick asked 19
-        times (``rltperf bench ingest``'s screen at 1,000 steps/s)."""
+        times (``rltperf bench ingest``'s screen at 1,000 steps/s).  A 0x0 answer for a
+        nonzero outer size is not kept: Textual gives it while the screen's map does not
+        yet hold the panel (a layout in progress), and kept, it left the panel, or the
+        status bar, on "waiting for data…" until the next resize (a CI run waited 90 s
+        for "rltperf live")."""
         outer = self._size
         inner = self._inner
         if inner is None or inner[0] != outer:
-            inner = self._inner = (outer, self.content_size)
+            content = self.content_size
+            if outer.area and not content.area:
+                return content  # not placed yet: ask again at the next call
+            inner = self._inner = (outer, content)
         return inner[1]
 
     def rows(self) -> list[Row]:

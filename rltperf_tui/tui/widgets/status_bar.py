@@ -71,7 +71,7 @@ class StatusBar(Panel):
         tick)."""
         if info.cpu_wait_s is None and info.mode == "live":  # a replay's pace is its own
             info = replace(info, cpu_wait_s=self.own_wait.shown())
-        if info != self.info:
+        if info != self.info or self._built_for == (0, 0):  # (never built: not placed when sized)
             self.info = info
             self._rebuild()
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 from textual._compositor import ChopsUpdate, CompositorUpdate
-from textual.geometry import Region
+from textual.geometry import Region, Size
 from textual.pilot import Pilot
 from textual.strip import Strip
 from textual.widget import Widget
@@ -21,6 +21,7 @@ from textual.widget import Widget
 from rltperf_tui.live.view import LifetimeView
 from rltperf_tui.tui.app import MonitorApp, TargetSpec
 from rltperf_tui.tui.widgets.panel import Panel
+from rltperf_tui.tui.widgets.status_bar import StatusBar
 from tests.rltperf_tui.tui._uihelpers import (
     drawn_at_final_size,
     paused_with_records_arriving,
@@ -315,3 +316,44 @@ async def test_after_the_terminal_shrinks_and_grows_back_every_panel_draws_at_it
                     assert (panel.inner_size(), panel._built_for) == (size, (size.width, size.height)), (
                         type(panel).__name__, (w, h))  # fmt: skip
             assert _check_every_panel(app) >= 5
+
+
+@sync
+async def test_a_panel_asked_its_size_before_the_layout_placed_it_still_draws(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A panel may learn its outer size before the screen's map holds it: Textual's
+    ``content_size`` is then 0x0 (seen in the TUI tests: the device panel at 119x10, the
+    step timeline at 58x9, …).  That answer must not stick: every panel, the status bar
+    included, still draws its rows, not "waiting for data…" and not a blank bar.  Here
+    each panel's first ``content_size`` at a nonzero outer size is 0x0, as in that race."""
+    real = Widget.content_size
+    asked: set[int] = set()
+
+    def content_size(self: Panel) -> Size:
+        if self.outer_size.area > 0 and id(self) not in asked:
+            asked.add(id(self))
+            return Size(0, 0)
+        return real.fget(self)  # type: ignore[attr-defined,no-any-return]
+
+    monkeypatch.setattr(Panel, "content_size", property(content_size))
+    async with _drawn(replay_spec()) as (app, pilot):
+        await pilot.pause(0.6)  # a render tick or so
+        shown = [p for p in app.query(Panel) if p.display and p.outer_size.area > 0]
+        assert len(shown) >= 5 and asked >= {id(p) for p in shown}
+        for panel in shown:
+            w, h = panel.outer_size
+            text = "\n".join(strip.text for strip in panel.render_lines(Region(0, 0, w, h)))
+            assert "waiting for data" not in text and text.strip(), (type(panel).__name__, text)
+        bar = app.query_one(StatusBar)
+        assert "rltperf replay" in bar.render_lines(Region(0, 0, bar.outer_size.width, 1))[0].text
+    # a live target that never answers: the bar's text never changes after its first
+    # resize, so nothing but that resize would ever draw it
+    asked.clear()
+    app = MonitorApp(["tcp://127.0.0.1:9"])
+    async with app.run_test(size=(140, 44)) as pilot:
+        bar = app.query_one(StatusBar)
+        await wait_for(pilot, lambda: id(bar) in asked, what="the bar's first size")
+        await pilot.pause(1.2)  # two render ticks
+        text = bar.render_lines(Region(0, 0, bar.outer_size.width, 1))[0].text
+        assert "rltperf live" in text, text
