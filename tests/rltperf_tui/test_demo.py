@@ -69,7 +69,8 @@ class Demo:
         while not re.search(pattern, self.screen_text()):
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 # (a CI run once missed "rltperf live" for 90 s with the screen drawing
-                # live data; what the bytes held around the bar was not kept then)
+                # live data: the bar stuck on "waiting for data…", test_panel_frame's
+                # test_a_panel_asked_its_size_before_the_layout_placed_it_still_draws)
                 raw = bytes(self.out)
                 head = raw[:1500].decode("utf-8", "replace")
                 tail = raw[-3000:].decode("utf-8", "replace")

@@ -69,6 +69,10 @@ class FakeRapl:
             self._write()
             self.stale_s = max(self.stale_s, time.monotonic() - before)
 
+    def staleness(self) -> str:
+        """``stale_s`` in words, for an assertion's message."""
+        return f"the fake's file was up to {self.stale_s:.3f} s stale"
+
     def stop(self) -> None:
         self._stop.set()
         self.th.join(5)
@@ -126,10 +130,7 @@ def test_power_and_joules_per_token_follow_the_counter_and_the_gate_sees_it(
     assert rep.returncode == 0, rep.stderr
     en = json.loads(rep.stdout)["energy"]
     assert en["source"] == "rapl" and en["reason"] is None and en["seconds"] >= 5, en
-    assert en["power_w"] == pytest.approx(40.0, rel=0.10), (
-        en,
-        f"the fake's file was up to {rapl.stale_s:.3f} s stale",
-    )
+    assert en["power_w"] == pytest.approx(40.0, rel=0.10), (en, rapl.staleness())
     base = json.loads((bundle / "meta.json").read_text())["energy"]["base"]
     assert en["joules_per_token"] == pytest.approx(
         en["power_w"] * en["seconds"] / base["out_tokens"], rel=0.01
@@ -146,17 +147,14 @@ def test_power_and_joules_per_token_follow_the_counter_and_the_gate_sees_it(
         assert e["source"] == "rapl" and "whole" in e["caveat"] and e["reason"] is None, e
         # the fake's file lags its clock by up to its (loaded) writer's period, and the
         # probe reads it once a second: over 8 s that is a few percent
-        assert e["power_w"] == pytest.approx(watts, rel=0.10), (
-            e,
-            f"the fake's file was up to {rapl.stale_s:.3f} s stale",
-        )
+        assert e["power_w"] == pytest.approx(watts, rel=0.10), (e, rapl.staleness())
         assert s["tokens_per_s"] > 0
         assert e["joules_per_token"] == pytest.approx(e["power_w"] / s["tokens_per_s"], rel=1e-9)
         assert e["joules_per_step"] == pytest.approx(e["power_w"] / s["steps_per_s"], rel=1e-9)
 
     # B doubled the power for the same work: the gate fails on power with exit 3
     g = run_rltperf("compare", str(a), str(b), "--fail-on", "power_w:+10%", "--json")
-    assert g.returncode == 3, f"the fake's file was up to {rapl.stale_s:.3f} s stale\n" + g.stdout + g.stderr
+    assert g.returncode == 3, rapl.staleness() + "\n" + g.stdout + g.stderr
     out = json.loads(g.stdout)
     power = next(m for m in out["metrics"] if m["key"] == "power_w")
     assert power["verdict"] == "significant" and power["b"] == pytest.approx(2 * power["a"], rel=0.15)
