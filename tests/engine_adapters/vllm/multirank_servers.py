@@ -27,7 +27,7 @@ from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_ouro
-from vllm_fixtures import MODEL_NAME, ROOT, Server, cache_env, free_ports, launch
+from vllm_fixtures import MODEL_NAME, ROOT, SERVER_ENV, Server, cache_env, free_ports, launch
 
 from engine_adapters.monitor.vllm.metrics import parse_scrape
 from tests.conftest import run_queue_s
@@ -50,8 +50,7 @@ def start(root: Path, layout: list[str], extra_env: dict[str, str] | None = None
         d.mkdir()  # (``run`` is made by the plugin: 0700, or it announces nothing)
     port, probe = free_ports(), f"127.0.0.1:{free_ports(2)}"  # a DP rank's probe: base + rank
     env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", VLLM_CPU_KVCACHE_SPACE="1",
-               **cache_env(tmp), RLTPERF_PROBE=probe, VLLM_CPU_OMP_THREADS_BIND="0|1",
+    env.update(SERVER_ENV, **cache_env(tmp), RLTPERF_PROBE=probe, VLLM_CPU_OMP_THREADS_BIND="0|1",
                RLTPERF_RUNTIME_DIR=str(run), RLTPERF_INJECT_FAULTS=str(faults),
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))  # fmt: skip
     env.update(extra_env or {})

@@ -220,9 +220,7 @@ def serve(
     probe = f"127.0.0.1:{free_ports()}"
     env = dict(os.environ)
     env.update(
-        HF_HUB_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        VLLM_CPU_KVCACHE_SPACE="1",
+        SERVER_ENV,
         **cache_env(tmp),
         RLTPERF_PROBE=probe,
         PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
@@ -243,18 +241,33 @@ def serve(
     return launch(cmd, env, root, port, probe, prof, model)
 
 
+SERVER_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+              "TORCH_COMPILE_DISABLE": "1"}  # fmt: skip
+"""The environment of every test server (with ``cache_env``): offline, no usage report, 1
+GiB of KV cache, and no ``torch.compile``.  Under ``--enforce-eager`` vLLM still compiles
+two sampler helpers with inductor, each at its first use in a worker
+(``batched_count_greater_than``: a logprobs request; ``compiled_random_sample``: a
+sampled one); in the suite only the tiny Ouro's tests make such requests, and its first
+paid a cold compile on the 2 cores the suite is bound by: 16.6 CPU s of ``cc1plus`` in a
+run (process accounting, 2026-12-08).  An Ouro start and its first logprobs request
+(``served_decode_logprobs``, empty caches, process accounting of the whole tree) took
+56.1 CPU s with the compile, the request 17.2 s; 38.7 CPU s without, the request 0.9 s.
+Eager, the two compute the same values (a count of elements over a bound, a sample), and
+no test looks at what vLLM compiles."""
+
+
 def cache_env(tmp: Path) -> dict[str, str]:
     """Where a server keeps its caches and temporary files: under ``tmp``, or in the
     test session's shared folder (``CACHE_ENV``) where there is one.
 
     What a vLLM start computes that a later start can reuse is kept there, as on a
     machine that serves again: vLLM's model inspection (``VLLM_CACHE_ROOT/modelinfos``: a
-    subprocess importing vLLM and torch, ~9 s of CPU per start) and what torch's inductor
-    compiles even under ``--enforce-eager`` for the tiny Ouro (C++ kernels under
-    ``TORCHINDUCTOR_CACHE_DIR`` and a precompiled header under ``TMPDIR``, ~10 s of
-    CPU).  On an idle machine (``/tmp/cc/two.py``, 2026-12-06) a second Ouro start
-    with the first one's folder answered ``/health`` after 24.1 s instead of 37.0, and its
-    first request 31.0 s after its start instead of 51.9."""
+    subprocess importing vLLM and torch, ~9 s of CPU per start) and, where a server runs
+    without ``SERVER_ENV``, what torch's inductor compiles (``TORCHINDUCTOR_CACHE_DIR``,
+    a precompiled header under ``TMPDIR``).  On an idle machine (2026-12-06, before
+    ``SERVER_ENV`` turned the compiles off) a second Ouro start with the first one's
+    folder answered ``/health`` after 24.1 s instead of 37.0, and its first request 31.0 s
+    after its start instead of 51.9."""
     shared = os.environ.get(CACHE_ENV)
     base = Path(shared) if shared else tmp
     tmpdir = base / "tmp" if shared else tmp

@@ -43,8 +43,8 @@ Announcements go to a private runtime directory of the session
 server on the machine and no earlier run is seen.  The servers share one folder of
 caches for the session (``RLTPERF_TEST_VLLM_CACHE``, removed at its end;
 ``vllm_fixtures.cache_env``): a start after the first reuses vLLM's model inspection
-and the kernels torch compiled for the tiny Ouro (a second Ouro start answered
-``/health`` 13 s sooner and finished its first request 21 s sooner, by hand).
+(a second Ouro start answered ``/health`` 13 s sooner, by hand, when the servers still
+compiled: ``vllm_fixtures.SERVER_ENV`` turns torch's compiles off).
 
 Parallel runs (``pytest -n N --dist loadgroup``; the README's command runs ``-n 3``).
 Every test that uses a kind, and every other test marked ``vllm`` (those start a server
