@@ -12,9 +12,10 @@ rltperf plugin's probe at ``Server.probe``, ``--enable-mfu-metrics``,
   workers), with a fault directory ``<root>/faults`` (``vllm_fixtures.start_shared_llama``);
 - ``ouro_server``: the tiny random Ouro (``tiny_ouro``: ``total_ut_steps`` 4,
   ``--hf-overrides '{"early_exit_threshold": 0.6}'``, weights written so exits vary,
-  ``--max-logprobs`` of the whole vocabulary), its worker on the second core, with
-  ``--profiler-config`` into ``Server.profiler_dir`` without stacks: the tests of vLLM's
-  own profiler path use it;
+  ``--max-logprobs`` of the whole vocabulary), in a one-GPU server's process layout
+  (``ONE_GPU_LAYOUT``: its worker inside the engine core, which runs on the second core),
+  with ``--profiler-config`` into ``Server.profiler_dir`` without stacks: the tests of
+  vLLM's own profiler path use it;
 - ``vllm_server_to_stop``: the ``vllm_server`` handed to a test that stops it (the
   announcement goes with the server).  Such tests run after every other user of it.
 
@@ -128,11 +129,25 @@ def _start_llama(root: Path) -> Server:
     return start_shared_llama(root)
 
 
+ONE_GPU_LAYOUT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+"""The process layout of a one-GPU vLLM server: the API server and an engine core with
+its worker inside it (vLLM's ``UniProcExecutor``).  vLLM on CPUs gives even one rank a
+worker process of its own (``MultiprocExecutor``) unless V1 multiprocessing is off;
+off, the API server still runs its engine core in a process of its own (``AsyncLLM``
+always does), so this is exactly the GPU layout, which the tests would otherwise never
+run.  One process fewer to start: the tiny Llama's start (``vllm_fixtures.py DIR``) took
+33.6 and 32.7 CPU s to ``/health`` in this layout, 41.8 and 38.0 with its worker process
+(the whole tree's CPU, run alternately, 2026-12-08)."""
+
+
 def _start_ouro(root: Path) -> Server:
-    # its worker on the second core: vLLM binds a CPU worker to the first by default, and
-    # the replica test loads this server and the Llama one at the same time
+    # its engine core (the worker inside it: ONE_GPU_LAYOUT) on the second core: vLLM binds
+    # a CPU worker to the first by default, and the replica test loads this server and
+    # the Llama one at the same time
     cpus = sorted(os.sched_getaffinity(0))
-    env = {"VLLM_CPU_OMP_THREADS_BIND": str(cpus[1])} if len(cpus) > 1 else None
+    env = dict(ONE_GPU_LAYOUT)
+    if len(cpus) > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus[1])
     return tiny_ouro.start_ouro_server(root, {"early_exit_threshold": OURO_THRESHOLD}, env)
 
 
