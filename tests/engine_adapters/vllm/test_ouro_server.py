@@ -174,3 +174,27 @@ def test_output_is_deterministic_for_a_fixed_seed(ouro_server: Server) -> None:
 
     a, b, c = gen(7), gen(7), gen(8)
     assert a == b and a != c
+
+
+def test_the_server_runs_in_a_one_gpu_servers_process_layout(
+    ouro_run: dict[str, Any], ouro_server: Server
+) -> None:
+    """``vllm_servers.ONE_GPU_LAYOUT``: the API server's one vLLM process is its engine
+    core, the worker inside it (vLLM's ``UniProcExecutor``, as on one GPU), and every
+    figure the tests above read (per-loop steps from the worker's hooks, the capture
+    through vLLM's profiler in the worker) came from that layout.  Without it CPU vLLM
+    starts a ``VLLM::Worker`` process, and the suite would run that layout alone."""
+    import psutil
+
+    assert ouro_server.proc is not None
+    titles = []
+    for p in psutil.Process(ouro_server.proc.pid).children(recursive=True):
+        try:
+            titles.append(" ".join(p.cmdline()).strip())
+        except psutil.Error:
+            continue
+    vllm = [t for t in titles if t.startswith("VLLM::")]
+    assert vllm == ["VLLM::EngineCore"], titles
+    assert any(isinstance(r, StepRecord) for r in ouro_run["records"]), (
+        "no steps from the engine core's worker"
+    )
