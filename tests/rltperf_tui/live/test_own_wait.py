@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rltperf_tui.live.own_wait import SHOW_WAIT_S, OwnWait, main_thread_wait_s
+from rltperf_tui.live.own_wait import SHOW_WAIT_S, SHOWN_EVERY_S, OwnWait, main_thread_wait_s
 from rltperf_tui.tui.widgets.status_bar import StatusBar, StatusInfo
 
 pytestmark = pytest.mark.skipif(main_thread_wait_s() is None, reason="needs Linux /proc/self/schedstat")
@@ -83,3 +83,28 @@ def test_the_bar_says_it_only_from_the_threshold() -> None:
     assert w.shown() is None
     now[0], counter[0] = 11.0, SHOW_WAIT_S + 0.5
     assert w.shown() == round(SHOW_WAIT_S + 0.5, 1)
+
+
+def test_the_bar_reads_the_counter_at_most_once_a_second() -> None:
+    """The status bar asks at every render tick; ``shown`` reads ``/proc`` once per
+    ``SHOWN_EVERY_S`` and answers as before in between, then takes the new reading."""
+    now = [0.0]
+    counter = [0.0]
+    reads = []
+
+    def read() -> float:
+        reads.append(now[0])
+        return counter[0]
+
+    w = OwnWait(read=read, clock=lambda: now[0])
+    assert w.shown() is None and reads == [0.0]
+    counter[0] = 3.0  # a long wait, not yet read
+    for t in (0.5, 0.9):  # render ticks within the second
+        now[0] = t
+        assert w.shown() is None
+    assert reads == [0.0]
+    now[0] = SHOWN_EVERY_S
+    assert w.shown() == 3.0 and reads == [0.0, SHOWN_EVERY_S]
+    now[0] = SHOWN_EVERY_S + 0.5
+    counter[0] = 0.0  # (a counter never falls: only to show the answer is not read again)
+    assert w.shown() == 3.0 and len(reads) == 2
